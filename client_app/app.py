@@ -1,0 +1,78 @@
+"""The fedunlearn ClientApp: message handlers around the client-side work in ``tasks/``.
+
+Every handler rebuilds the client's data view from the run config and its node config
+(``partition-id``, ``num-partitions``), cached per process, so simulation and real SuperNodes
+behave the same. Raw data never leaves; replies carry model tensors, counts and model outputs.
+
+Messages (DESIGN.md): ``query.hello`` -> client id and counts; ``train`` (config: role,
+objective, scope, plugins, epochs, lr, max-steps) -> arrays + num-examples/loss; ``evaluate``
+-> local metrics with counts and MIA confidences.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from client_app.state import client_view, load_model
+from tasks.metrics import client_metrics
+from tasks.model import PLUGIN_PREFIX
+from tasks.training import train_local
+
+torch.set_num_threads(1)
+
+app = ClientApp()
+
+
+@app.query("hello")
+def hello(msg: Message, context: Context) -> Message:
+    """Client id and data counts, so the server can address roles by node."""
+    cfg, data, _ = client_view(context)
+    counts = data.counts()
+    counts["n-all"] = counts["n-retain"] + counts["n-forget"]
+    return Message(RecordDict({"hello": MetricRecord({"client-id": data.client_id, **counts})}), reply_to=msg)
+
+
+def _uploaded_state(model: torch.nn.Module, scope: str) -> dict[str, torch.Tensor]:
+    """Only what was trained goes back up: plug-ins for ``plugins``, the base for ``base``."""
+    state = model.state_dict()
+    if scope == "plugins":
+        return {k: v for k, v in state.items() if k.startswith(PLUGIN_PREFIX)}
+    if scope == "base":
+        return {k: v for k, v in state.items() if not k.startswith(PLUGIN_PREFIX)}
+    return state
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Local training of the received model on the data of ``role`` with ``objective``."""
+    cfg, data, device = client_view(context)
+    conf = msg.content["config"]
+    role, scope = str(conf["role"]), str(conf.get("scope", "all"))
+    model = load_model(cfg, msg.content["arrays"], str(conf.get("plugins", "")))
+    x, y = data.split(role)
+    server_round = int(conf.get("server-round", 0))
+    loss = train_local(
+        model, x, y,
+        epochs=int(conf.get("epochs", cfg["local-epochs"])),
+        batch_size=cfg["batch-size"], lr=float(conf.get("lr", cfg["lr"])), momentum=cfg["momentum"],
+        seed=cfg["seed"] * 1_000_003 + server_round * 1009 + data.client_id,
+        objective=str(conf.get("objective", "ce")), scope=scope,
+        max_steps=int(conf.get("max-steps", 0)) or None, device=device,
+    )
+    arrays = ArrayRecord({k: v.detach().cpu() for k, v in _uploaded_state(model, scope).items()})
+    metrics = MetricRecord({"num-examples": len(y), "loss": float(loss)})
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Local forget/retain/test metrics of the received model."""
+    cfg, data, device = client_view(context)
+    conf = msg.content["config"]
+    model = load_model(cfg, msg.content["arrays"], str(conf.get("plugins", "")))
+    metrics = client_metrics(model, data, target=cfg["backdoor-target"],
+                             mia_max_samples=cfg["mia-max-samples"], seed=cfg["seed"] + data.client_id,
+                             device=device)
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

@@ -1,0 +1,42 @@
+"""The fedunlearn ServerApp: run config -> experiment phases -> results folder."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import torch
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from server_app.experiment import Experiment
+from strategies.federation import Federation, RoundFailed
+from tasks.config import ConfigError, parse_config
+
+log = logging.getLogger("fedunlearn")
+
+app = ServerApp()
+
+
+def _setup_logging() -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("fedunlearn %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Validate the whole run config before any work, then run the phases."""
+    _setup_logging()
+    torch.set_num_threads(1)
+    try:
+        cfg = parse_config(context.run_config)
+        fed = Federation(grid, round_timeout=cfg["round-timeout"], min_reply_fraction=cfg["min-reply-fraction"])
+        folder = Experiment(fed, context.run_config).run()
+    except (ConfigError, RoundFailed) as err:
+        log.error("run stopped: %s", err)
+        raise SystemExit(f"fedunlearn: {err}") from None
+    log.info("fedunlearn results folder: %s", folder)

@@ -1,0 +1,37 @@
+"""Federated evaluation of a model: every node measures locally, the server pools the counts."""
+
+from __future__ import annotations
+
+import time
+
+from flwr.app import ConfigRecord, RecordDict
+
+from strategies.base import ModelState
+from strategies.federation import Federation
+from tasks.config import Config
+from tasks.metrics import pool_metrics
+from tasks.plugins import specs_to_json
+from tasks.requests import uses_trigger
+
+EVALUATE_PHASE = "evaluate"
+
+
+def evaluate_model(fed: Federation, cfg: Config, model: ModelState) -> dict:
+    """The results-contract entry (retain_acc, forget_acc, test_acc, mia, extras) of ``model``.
+
+    Bytes and seconds are charged to the ``evaluate`` phase, whichever phase asked.
+    """
+    previous = fed.phase
+    cost = fed.start_phase(EVALUATE_PHASE)
+    started = time.perf_counter()
+    try:
+        content = RecordDict({"arrays": model.arrays,
+                              "config": ConfigRecord({"plugins": specs_to_json(model.plugins)})})
+        replies = fed.broadcast(fed.all_nodes(), "evaluate", content, round_no=cost.rounds + 1)
+        cost.rounds += 1
+        per_client = [dict(reply.content["metrics"]) for reply in replies]
+        return pool_metrics(per_client, seed=cfg["seed"], with_trigger=uses_trigger(cfg),
+                            with_forget_test=cfg["scenario"] == "class")
+    finally:
+        cost.seconds += time.perf_counter() - started
+        fed.start_phase(previous)

@@ -1,0 +1,171 @@
+"""One run = phases: hello -> pretrain -> unlearn -> evaluate -> continue -> restore -> report.
+
+This module orchestrates and records; every method's internals live behind
+``strategies.base.UnlearningMethod``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord
+
+from server_app import cache
+from server_app.evaluation import evaluate_model
+from server_app.report import append_csv, package_versions, plot_kr_curve, run_folder, write_results
+from strategies.base import ModelState, UnlearnContext
+from strategies.fedavg_rounds import RoleFedAvg, run_rounds
+from strategies.federation import Federation
+from strategies.registry import method_for
+from tasks.config import Config, ConfigError, parse_config
+from tasks.diagnostics import resurfacing_summary
+from tasks.registry import build_model
+
+log = logging.getLogger("fedunlearn")
+
+
+class Experiment:
+    """Holds the federation, config and clock of one run; each phase is a method."""
+
+    def __init__(self, fed: Federation, run_config: dict[str, Any]):
+        self.fed = fed
+        self.run_config = run_config
+        self.cfg: Config = parse_config(run_config)
+        self.method = method_for(self.cfg["method"])
+        self.started = time.perf_counter()
+        self._retrain: ModelState | None = None
+
+    def say(self, text: str) -> None:
+        log.info("[%7.1fs] %s", time.perf_counter() - self.started, text)
+
+    # --- phases -------------------------------------------------------------------------
+    def setup(self) -> None:
+        """hello: learn node ids, client ids and counts; then the checks that need the federation."""
+        self.fed.start_phase("setup")
+        self.fed.hello(ConfigRecord({}))
+        self.cfg = parse_config(self.run_config, num_clients=self.fed.num_clients)
+        if not self.fed.nodes_with("n-forget"):
+            raise ConfigError(f"the request (scenario '{self.cfg['scenario']}') selects no forget data "
+                              "on any client: nothing to unlearn")
+        if not self.fed.nodes_with("n-retain"):
+            raise ConfigError("no client keeps any retained data: nothing to train on after unlearning")
+        forget = [self.fed.client_id(n) for n in self.fed.nodes_with("n-forget")]
+        self.say(f"federation: {self.fed.num_clients} clients; forget data on clients {forget}")
+
+    def train_config(self, **extra) -> ConfigRecord:
+        return ConfigRecord({"epochs": self.cfg["local-epochs"], "lr": self.cfg["lr"], **extra})
+
+    def fedavg(self, arrays: ArrayRecord, role: str, rounds: int, label: str, after_round=None) -> ArrayRecord:
+        strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"], seed=self.cfg["seed"])
+        return run_rounds(self.fed, strategy, arrays, rounds=rounds, config=self.train_config(),
+                          label=label, after_round=after_round)
+
+    def fresh_model(self) -> ArrayRecord:
+        return ArrayRecord(build_model(self.cfg["task"], [], seed=self.cfg["seed"]).state_dict())
+
+    def cached_fedavg(self, kind: str, role: str, rounds: int) -> ModelState:
+        """Original (role all) or retrain (role retain) model: from the cache, else trained and stored."""
+        key = cache.model_key(kind, self.cfg, self.fed.num_clients)
+        cost = self.fed.start_phase("pretrain" if kind == "original" else "retrain")
+        started = time.perf_counter()
+        arrays = cache.load(self.cfg, key)
+        if arrays is not None:
+            self.say(f"{kind} model found in the cache")
+        else:
+            self.say(f"{kind}: {rounds} FedAvg rounds on '{role}' data")
+            arrays = self.fedavg(self.fresh_model(), role, rounds, kind)
+            path = cache.store(self.cfg, key, arrays)
+            self.say(f"{kind} model cached at {path}")
+        cost.seconds += time.perf_counter() - started
+        return ModelState(arrays)
+
+    def retrain(self) -> ModelState:
+        if self._retrain is None:
+            previous = self.fed.phase
+            self._retrain = self.cached_fedavg("retrain", "retain", self.cfg.rounds_of_retrain)
+            self.fed.start_phase(previous)
+        return self._retrain
+
+    def continue_training(self, start: ModelState) -> tuple[ModelState, list[float]]:
+        """``continue-rounds`` of FedAvg on retained data, forget accuracy measured each round."""
+        cost = self.fed.start_phase("continue")
+        started, curve = time.perf_counter(), []
+        eval_before = self.fed.cost("evaluate").seconds
+
+        def measure(_round: int, arrays: ArrayRecord) -> None:
+            curve.append(evaluate_model(self.fed, self.cfg, ModelState(arrays, start.plugins))["forget_acc"])
+
+        arrays = start.arrays
+        if self.cfg["continue-rounds"]:
+            strategy = RoleFedAvg(self.fed, "retain", fraction_train=self.cfg["fraction-train"],
+                                  seed=self.cfg["seed"] + 1)
+            arrays = run_rounds(self.fed, strategy, start.arrays, rounds=self.cfg["continue-rounds"],
+                                config=self.train_config(plugins=_plugins_json(start)),
+                                label="continue", after_round=measure)
+        cost.seconds += time.perf_counter() - started - (self.fed.cost("evaluate").seconds - eval_before)
+        return ModelState(arrays, start.plugins), curve
+
+    # --- the whole run --------------------------------------------------------------------
+    def run(self) -> str:
+        self.setup()
+        original = self.cached_fedavg("original", "all", self.cfg["pretrain-rounds"])
+        ctx = UnlearnContext(self.fed, self.cfg, original,
+                             model_factory=lambda plugins: build_model(self.cfg["task"], plugins, self.cfg["seed"]),
+                             retrain=self.retrain)
+
+        self.say(f"unlearn: method '{self.method.name}'")
+        cost = self.fed.start_phase("unlearn")
+        started = time.perf_counter()
+        result = self.method.unlearn(ctx)
+        cost.seconds += time.perf_counter() - started
+        if self.method.name == "retrain":
+            cost.rounds = self.fed.cost("retrain").rounds
+        self.say(f"unlearn done in {cost.seconds:.1f}s, {cost.bytes_up + cost.bytes_down} bytes")
+
+        self.say("evaluate: original, unlearned and retrain models")
+        models = {"original": evaluate_model(self.fed, self.cfg, original),
+                  "unlearned": evaluate_model(self.fed, self.cfg, result.model)}
+        kr_retrain = evaluate_model(self.fed, self.cfg, self.retrain())["forget_acc"]
+
+        self.say(f"continue: {self.cfg['continue-rounds']} rounds on retained data")
+        continued, curve = self.continue_training(result.model)
+        models["continued"] = evaluate_model(self.fed, self.cfg, continued)
+
+        if self.method.reversible:
+            self.say("restore: unplugging")
+            self.fed.start_phase("restore")
+            models["restored"] = evaluate_model(self.fed, self.cfg, self.method.restore(result.model, ctx))
+
+        resurfacing = resurfacing_summary(kr_original=models["original"]["forget_acc"],
+                                          kr_unlearned=models["unlearned"]["forget_acc"],
+                                          kr_retrain=kr_retrain, kr_curve=curve)
+        return self.report(models, resurfacing, result.details)
+
+    def report(self, models: dict, resurfacing: dict, details: dict) -> str:
+        cfg = self.cfg.as_dict()
+        folder = run_folder(cfg["outputs-dir"], cfg)
+        results = {
+            "run": {"task": cfg["task"], "method": cfg["method"], "scenario": cfg["scenario"],
+                    "seed": cfg["seed"], "num_clients": self.fed.num_clients,
+                    "forget_clients": [self.fed.client_id(n) for n in self.fed.nodes_with("n-forget")],
+                    "config": cfg, "versions": package_versions()},
+            "models": models,
+            "resurfacing": resurfacing,
+            "cost": {name: self.fed.cost(name).as_dict()
+                     for name in ("pretrain", "retrain", "unlearn", "continue", "evaluate")},
+            "method": details,
+            "seconds_total": round(time.perf_counter() - self.started, 3),
+        }
+        path = write_results(folder, results)
+        append_csv(cfg["outputs-dir"], results, folder)
+        plot_kr_curve(folder, resurfacing, f"{cfg['method']} / {cfg['scenario']} / {cfg['task']}")
+        self.say(f"results: {path}")
+        return folder
+
+
+def _plugins_json(model: ModelState) -> str:
+    from tasks.plugins import specs_to_json
+
+    return specs_to_json(model.plugins)

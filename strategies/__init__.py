@@ -1,0 +1,1 @@
+"""Server-side unlearning methods (Flower strategies) and their pure aggregation math."""

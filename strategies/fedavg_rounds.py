@@ -1,0 +1,74 @@
+"""FedAvg over the clients that hold data of one role (all / retain / forget).
+
+Pretraining (role ``all``), the retrain oracle, continued training and Lethe's restore rounds
+(role ``retain``) are all this strategy: Flower's ``FedAvg`` aggregation, with node sampling
+restricted to the nodes whose hello counts show data of the role, sampled with the run's seed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Callable, Iterable
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from strategies.federation import Federation
+
+log = logging.getLogger("fedunlearn")
+
+ROLE_COUNT_KEY = {"all": "n-all", "retain": "n-retain", "forget": "n-forget"}
+
+
+class RoleFedAvg(FedAvg):
+    """FedAvg whose ``configure_train`` samples only nodes with data of ``role``."""
+
+    def __init__(self, fed: Federation, role: str, *, fraction_train: float, seed: int):
+        super().__init__(fraction_train=fraction_train, fraction_evaluate=0.0,
+                         weighted_by_key="num-examples", arrayrecord_key="arrays", configrecord_key="config")
+        if role not in ROLE_COUNT_KEY:
+            raise ValueError(f"role {role!r} is unknown: must be all, retain or forget")
+        self.fed, self.role, self.seed = fed, role, seed
+
+    def eligible_nodes(self) -> list[int]:
+        return self.fed.nodes_with(ROLE_COUNT_KEY[self.role])
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        eligible = self.eligible_nodes()
+        if not eligible:
+            raise ValueError(f"no client holds '{self.role}' data: nothing to train on")
+        size = max(1, round(self.fraction_train * len(eligible)))
+        chosen = sorted(random.Random(self.seed * 100003 + server_round).sample(eligible, size))
+        config = ConfigRecord({**dict(config), "role": self.role, "server-round": server_round})
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return self._construct_messages(record, chosen, "train")
+
+
+def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, rounds: int,
+               config: ConfigRecord, label: str,
+               after_round: Callable[[int, ArrayRecord], None] | None = None) -> ArrayRecord:
+    """``rounds`` rounds of configure -> exchange -> aggregate; logs progress with an ETA.
+
+    ``after_round(r, arrays)`` runs after each round (used to measure forgetting per round).
+    """
+    started = time.perf_counter()
+    cost = fed.cost(fed.phase)
+    for server_round in range(1, rounds + 1):
+        messages = list(strategy.configure_train(server_round, arrays, config, fed.grid))
+        replies = fed.exchange(messages, round_no=server_round)
+        new_arrays, metrics = strategy.aggregate_train(server_round, replies)
+        if new_arrays is None:
+            raise RuntimeError(f"phase '{fed.phase}' round {server_round}: aggregation produced no model")
+        arrays = new_arrays
+        cost.rounds += 1
+        if after_round is not None:
+            after_round(server_round, arrays)
+        elapsed = time.perf_counter() - started
+        loss = float(metrics["loss"]) if metrics and "loss" in metrics else float("nan")
+        log.info("[%s] round %d/%d  loss %.4f  elapsed %.1fs  eta %.1fs", label, server_round, rounds,
+                 loss, elapsed, elapsed / server_round * (rounds - server_round))
+    return arrays

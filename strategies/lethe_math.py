@@ -1,0 +1,176 @@
+"""Lethe's server-side math (paper 001, section IV-B and IV-D): pure functions on named tensors.
+
+A "layer" is one named tensor of a state dict (``features.0.weight``, ``head.bias``, ...). The paper
+writes ``w^(l)`` for "the parameter vector of layer l" without saying whether a layer's weight and
+bias form one vector; we treat every named tensor as its own layer, which is the finest split and
+the one a state dict gives for free.
+
+Formulas implemented (``Δr`` = retain stream, eq. 8; ``Δu`` = forget stream, eq. 7):
+
+- eq. 8   ``Δr = Σ_k p_k Δ_k`` with ``p_k = n_k / Σ_j n_j``            -> :func:`weighted_average`
+- eq. 9   ``s^(l) = <Δr^(l), Δu^(l)>``                                   -> :func:`layer_alignment`
+- eq. 10  ``Δ~^(l) = Δr^(l) - γ Δu^(l)`` if ``s^(l) > 0`` else ``-Δu^(l)`` -> :func:`rectify`
+- eq. 11  ``w_{t+1}^(l) = w_t^(l) + Δ~^(l)``                             -> :func:`apply_update`
+- eq. 13  ``s/‖Δu‖² <= γ <= ‖Δr‖²/s`` for layers with ``s > 0``           -> :func:`gamma_bounds`
+- eq. 18  ``γ_min = max_l s^(l)/‖Δu^(l)‖²`` (and the matching upper end)   -> :func:`feasible_gamma_range`
+
+Inner products and norms are accumulated in float64 so that the sign test of eq. 10 and the bounds
+of eq. 13 do not flip on float32 rounding; rectified tensors keep the dtype of the inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+Layers = dict[str, torch.Tensor]
+
+
+def _check_pair(retain: Layers, forget: Layers) -> None:
+    """Both streams must name the same floating-point layers with the same shapes."""
+    if set(retain) != set(forget):
+        missing = sorted(set(retain) ^ set(forget))
+        raise ValueError(f"layer {missing[0]!r} is in only one of the retain/forget updates; both need the same layers")
+    for name, r in retain.items():
+        u = forget[name]
+        if r.shape != u.shape:
+            raise ValueError(f"layer {name!r}: retain shape {tuple(r.shape)} != forget shape {tuple(u.shape)}")
+        if not (r.is_floating_point() and u.is_floating_point()):
+            raise ValueError(f"layer {name!r}: rectification needs floating-point tensors (drop integer buffers first)")
+
+
+def _check_gamma(gamma: float) -> None:
+    if not (isinstance(gamma, (int, float)) and math.isfinite(gamma) and gamma > 0):
+        raise ValueError(f"lethe-gamma must be a finite number > 0, got {gamma!r}")
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.dot(a.detach().reshape(-1).double(), b.detach().reshape(-1).double()))
+
+
+def layer_alignment(retain: Layers, forget: Layers) -> dict[str, float]:
+    """Eq. 9: per-layer inner product ``s^(l) = <Δr^(l), Δu^(l)>`` of the two update streams."""
+    _check_pair(retain, forget)
+    return {name: _dot(retain[name], forget[name]) for name in retain}
+
+
+def rectify(retain: Layers, forget: Layers, gamma: float) -> Layers:
+    """Eq. 10: the rectified update per layer.
+
+    Where the streams agree (``s > 0``) the forget direction is subtracted from the retain update
+    with strength ``gamma``; where they do not (``s <= 0``, including an all-zero forget layer) the
+    update is the pure negated forget stream ``-Δu``, exactly as the paper states (the retain
+    stream is dropped for that layer in that round).
+    """
+    _check_gamma(gamma)
+    alignment = layer_alignment(retain, forget)
+    rectified: Layers = {}
+    for name, s in alignment.items():
+        r, u = retain[name].detach(), forget[name].detach()
+        rectified[name] = (r - gamma * u) if s > 0 else -u
+    return rectified
+
+
+def gamma_bounds(retain: Layers, forget: Layers) -> dict[str, tuple[float, float] | None]:
+    """Eq. 13 (Proposition IV.1): ``(s/‖Δu‖², ‖Δr‖²/s)`` per layer with ``s > 0``; ``None`` where
+    ``s <= 0`` (there the rule is ``-Δu`` and no condition on γ is needed).
+
+    With ``γ`` inside a layer's interval the rectified update satisfies ``<Δ~, Δu> <= 0`` and
+    ``<Δ~, Δr> >= 0`` for that layer (eq. 14). The interval is non-empty by Cauchy-Schwarz (eq. 23).
+    ``s > 0`` implies ``Δu != 0``, so the lower end is always defined.
+    """
+    alignment = layer_alignment(retain, forget)
+    bounds: dict[str, tuple[float, float] | None] = {}
+    for name, s in alignment.items():
+        if s <= 0:
+            bounds[name] = None
+            continue
+        forget_sq = _dot(forget[name], forget[name])
+        retain_sq = _dot(retain[name], retain[name])
+        bounds[name] = (s / forget_sq, retain_sq / s)
+    return bounds
+
+
+def check_gamma(bounds: dict[str, tuple[float, float] | None], gamma: float, rel_tol: float = 1e-9) -> dict[str, bool]:
+    """Per layer: does ``gamma`` satisfy eq. 13? Layers with ``None`` bounds always pass.
+
+    ``rel_tol`` widens each interval by a relative ``1e-9`` so that a γ computed from the bounds
+    themselves (e.g. the midpoint of a Cauchy-Schwarz-tight interval) is not rejected for rounding.
+    """
+    _check_gamma(gamma)
+    ok: dict[str, bool] = {}
+    for name, bound in bounds.items():
+        if bound is None:
+            ok[name] = True
+            continue
+        low, high = bound
+        ok[name] = low * (1 - rel_tol) <= gamma <= high * (1 + rel_tol)
+    return ok
+
+
+def feasible_gamma_range(bounds: dict[str, tuple[float, float] | None]) -> tuple[float, float] | None:
+    """One γ for all layers: ``(max_l lower, min_l upper)`` over layers with ``s > 0`` (eq. 18 is the
+    lower end). ``None`` if no layer has ``s > 0`` (any γ works). The range can be empty
+    (lower > upper): then no single γ satisfies Proposition IV.1 in every layer this round.
+    """
+    active = [b for b in bounds.values() if b is not None]
+    if not active:
+        return None
+    return max(low for low, _ in active), min(high for _, high in active)
+
+
+def apply_update(weights: Layers, update: Layers, server_lr: float = 1.0) -> Layers:
+    """Eq. 11: ``w_{t+1} = w_t + Δ~`` (added, not subtracted: the sign is already inside Δ~).
+
+    The paper applies the rectified update with step 1; ``server_lr`` (default 1.0 = the paper)
+    scales it for operators who want a damped step. Layers of ``weights`` absent from ``update``
+    (e.g. integer BatchNorm counters the caller did not rectify) are returned unchanged.
+    """
+    if not (math.isfinite(server_lr) and server_lr > 0):
+        raise ValueError(f"server_lr must be a finite number > 0, got {server_lr!r}")
+    extra = sorted(set(update) - set(weights))
+    if extra:
+        raise ValueError(f"layer {extra[0]!r} is in the update but not in the weights")
+    new: Layers = {}
+    for name, w in weights.items():
+        if name not in update:
+            new[name] = w.detach().clone()
+            continue
+        delta = update[name]
+        if delta.shape != w.shape:
+            raise ValueError(f"layer {name!r}: update shape {tuple(delta.shape)} != weight shape {tuple(w.shape)}")
+        new[name] = (w.detach() + server_lr * delta.detach().to(w.dtype)).to(w.dtype)
+    return new
+
+
+def weighted_average(updates: list[Layers], weights: list[float]) -> Layers:
+    """Eq. 8's aggregation: ``Σ_k p_k Δ_k`` with ``p_k = weights_k / Σ_j weights_j``.
+
+    ``weights`` are the clients' example counts ``n_k`` (FedAvg weighting, eq. 1); they are
+    normalised here, so raw counts can be passed. Sums are taken in float64; integer tensors
+    (e.g. BatchNorm's ``num_batches_tracked``) are averaged and rounded back to integers.
+    """
+    if not updates:
+        raise ValueError("updates must be a non-empty list of layer dicts")
+    if len(updates) != len(weights):
+        raise ValueError(f"weights must have one entry per update ({len(updates)}), got {len(weights)}")
+    if any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
+        raise ValueError("weights must be finite, >= 0 and sum to > 0 (they are example counts)")
+    reference = updates[0]
+    for k, upd in enumerate(updates[1:], start=1):
+        if set(upd) != set(reference):
+            odd = sorted(set(upd) ^ set(reference))[0]
+            raise ValueError(f"layer {odd!r} is missing from some updates (update {k} vs update 0)")
+        for name, t in upd.items():
+            if t.shape != reference[name].shape:
+                shapes = f"{tuple(t.shape)} != {tuple(reference[name].shape)}"
+                raise ValueError(f"layer {name!r}: update {k} shape differs from update 0 ({shapes})")
+    total = float(sum(weights))
+    averaged: Layers = {}
+    for name, first in reference.items():
+        acc = torch.zeros(first.shape, dtype=torch.float64, device=first.device)
+        for upd, w in zip(updates, weights):
+            acc += (w / total) * upd[name].detach().double()
+        averaged[name] = acc.to(first.dtype) if first.is_floating_point() else acc.round().to(first.dtype)
+    return averaged

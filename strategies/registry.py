@@ -1,0 +1,13 @@
+"""Method name -> implementation. A new method is one file in strategies/ and one line here."""
+
+from __future__ import annotations
+
+from strategies.base import NoUnlearning, Retrain, UnlearningMethod
+
+
+def method_for(name: str) -> UnlearningMethod:
+    """The method registered under ``name`` (names are validated by ``tasks.config`` first)."""
+    factories = {"none": NoUnlearning, "retrain": Retrain}
+    if name not in factories:
+        raise ValueError(f"method {name!r} is not available: must be one of {', '.join(factories)}")
+    return factories[name]()

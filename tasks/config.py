@@ -1,0 +1,218 @@
+"""Every run-config key in one table: its type, default, allowed values and meaning.
+
+Flower hands the ServerApp and every ClientApp the same flat run config (``pyproject.toml``'s
+``[tool.flwr.app.config]`` merged with ``--run-config`` overrides). ``parse_config`` turns it into
+a typed :class:`Config` and rejects bad input with a one-line ``ConfigError`` that names the key
+and what is allowed, before any training starts. The README's key table and pyproject's defaults
+are checked against :data:`SETTINGS` by the tests, so the three never drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+TASKS = ("digits-lenet5", "mnist-lenet5", "cifar10-resnet18", "cifar100-resnet34", "cifar10-vit")
+METHODS = ("none", "retrain", "fedup", "lethe")
+SCENARIOS = ("client", "class", "sample")
+POISONS = ("label-flip", "backdoor")
+OPTIMIZERS = ("adam", "sgd")
+NUM_CLASSES = {"digits-lenet5": 10, "mnist-lenet5": 10, "cifar10-resnet18": 10,
+               "cifar100-resnet34": 100, "cifar10-vit": 10}
+
+
+class ConfigError(ValueError):
+    """A run-config value that is not allowed; the message is one line naming the key."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One run-config key: ``check`` returns the description of what is allowed when the value fails."""
+
+    key: str
+    kind: type
+    default: Any
+    help: str
+    check: Callable[[Any], bool] | None = None
+    allowed: str = ""
+
+
+def _one_of(values: tuple[str, ...]) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v in values), "one of " + ", ".join(values)
+
+
+def _positive() -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v > 0), "> 0"
+
+
+def _at_least(low: float) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v >= low), f">= {low:g}"
+
+
+def _open_unit(include_one: bool) -> tuple[Callable[[Any], bool], str]:
+    if include_one:
+        return (lambda v: 0 < v <= 1), "in (0, 1]"
+    return (lambda v: 0 < v < 1), "in (0, 1)"
+
+
+def _s(key: str, kind: type, default: Any, help: str, rule=None) -> Setting:
+    check, allowed = rule if rule else (None, "")
+    return Setting(key, kind, default, help, check, allowed)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # what to run
+    _s("task", str, "digits-lenet5", "dataset + model", _one_of(TASKS)),
+    _s("method", str, "retrain", "unlearning method", _one_of(METHODS)),
+    _s("scenario", str, "client", "what is forgotten: one client, one class, or some samples",
+       _one_of(SCENARIOS)),
+    _s("poison", str, "label-flip", "how the leaving client's data is made measurable (client scenario)",
+       _one_of(POISONS)),
+    _s("forget-client", int, -1,
+       "client whose data (client/sample scenario) is forgotten; -1 = the client with the most samples",
+       _at_least(-1)),
+    _s("forget-class", int, 3, "class removed in the class scenario", _at_least(0)),
+    _s("sample-fraction", float, 0.2,
+       "share of the forget client's samples that carry the backdoor (sample scenario)", _open_unit(True)),
+    _s("backdoor-target", int, 0, "label the backdoor trigger maps to", _at_least(0)),
+    _s("trigger-size", int, 4, "side in pixels of the white bottom-right trigger square", _positive()),
+    _s("seed", int, 42, "seed of every random choice: partitions, requests, init, sampling"),
+    # federation and training
+    _s("dirichlet-alpha", float, 0.5, "Dirichlet concentration of the non-IID label split", _positive()),
+    _s("test-fraction", float, 0.2, "share of each client's partition kept as its local test split",
+       _open_unit(False)),
+    _s("pretrain-rounds", int, 15, "FedAvg rounds that train the original model", _positive()),
+    _s("retrain-rounds", int, 0, "FedAvg rounds of the retrain oracle; 0 = pretrain-rounds", _at_least(0)),
+    _s("continue-rounds", int, 10, "FedAvg rounds on retained data after unlearning (resurfacing)",
+       _at_least(0)),
+    _s("local-epochs", int, 2, "local epochs per training round", _positive()),
+    _s("batch-size", int, 32, "local mini-batch size", _positive()),
+    _s("lr", float, 0.05, "local SGD learning rate", _positive()),
+    _s("momentum", float, 0.9, "local SGD momentum", _at_least(0)),
+    _s("fraction-train", float, 1.0, "share of eligible clients sampled per training round",
+       _open_unit(True)),
+    _s("min-reply-fraction", float, 0.5,
+       "a round goes on when at least this share of the nodes it asked replied", _open_unit(True)),
+    _s("round-timeout", float, 600.0, "seconds to wait for the replies of one round", _positive()),
+    # where things go
+    _s("data-dir", str, "", "folder of real datasets (MNIST/CIFAR); empty = ~/.cache/fedunlearn/data"),
+    _s("download", bool, False, "allow torchvision to download missing datasets"),
+    _s("cache-dir", str, "", "cache of original/retrained models; empty = ~/.cache/fedunlearn/models"),
+    _s("outputs-dir", str, "outputs", "folder that receives results.json, results.csv and plots"),
+    _s("mia-max-samples", int, 200, "per client and set, samples whose confidence feeds the MIA",
+       _positive()),
+    # FedUP (paper 000): DP class centroids -> server-trained plug-in filter
+    _s("fedup-rho", float, 0.0,
+       "KMeans clusters per class = ceil(rho * n); 0 = paper default by scenario (0.8/0.1/0.5)",
+       ((lambda v: 0 <= v <= 1), "0 (scenario default) or in (0, 1]")),
+    _s("fedup-clip", float, 20.0, "L2 bound that every feature vector is clipped to before KMeans",
+       _positive()),
+    _s("fedup-sigma", float, 0.0, "centroid noise std; 0 = calibrate from fedup-epsilon/fedup-delta",
+       _at_least(0)),
+    _s("fedup-epsilon", float, 10.0, "target (epsilon, delta)-DP of each client's upload; inf = no noise",
+       _positive()),
+    _s("fedup-delta", float, 1e-5, "delta of the DP target", _open_unit(False)),
+    _s("fedup-bottleneck", int, 32, "filter bottleneck width (paper Table 5)", _positive()),
+    _s("fedup-alpha", float, 0.5, "filter loss = alpha*CE + (1-alpha)*reconstruction",
+       ((lambda v: 0 <= v <= 1), "in [0, 1]")),
+    _s("fedup-epochs", int, 200, "server-side filter training epochs", _positive()),
+    _s("fedup-lr", float, 1e-3, "filter learning rate", _positive()),
+    _s("fedup-batch-size", int, 64, "filter mini-batch size", _positive()),
+    _s("fedup-optimizer", str, "adam", "filter optimiser", _one_of(OPTIMIZERS)),
+    # Lethe (paper 001): amplify -> rectify -> restore
+    _s("lethe-gamma", float, 1.0, "rectification penalty gamma of eq. 10", _positive()),
+    _s("lethe-adapter-steps", int, 20, "gradient-ascent steps of the temporary adapter; 0 = no adapter",
+       _at_least(0)),
+    _s("lethe-adapter-lr", float, 0.01, "adapter learning rate", _positive()),
+    _s("lethe-rectify-rounds", int, 5, "dual-stream rectification rounds", _at_least(0)),
+    _s("lethe-restore-rounds", int, 3, "FedAvg rounds on retained clients after the adapter is dropped",
+       _at_least(0)),
+)
+
+SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
+
+
+class Config:
+    """Typed, validated run config; read values as ``cfg["pretrain-rounds"]`` or ``cfg.pretrain_rounds``."""
+
+    def __init__(self, values: dict[str, Any]):
+        self._values = dict(values)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name.replace("_", "-")]
+        except KeyError as err:
+            raise AttributeError(name) from err
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    @property
+    def num_classes(self) -> int:
+        return NUM_CLASSES[self["task"]]
+
+    @property
+    def rounds_of_retrain(self) -> int:
+        return self["retrain-rounds"] or self["pretrain-rounds"]
+
+
+def _coerce(setting: Setting, value: Any) -> Any:
+    """Flower gives TOML/CLI scalars; accept ints for floats and 'true'/'false' strings for bools."""
+    kind = setting.kind
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif isinstance(value, kind):
+        return value
+    raise ConfigError(f"run-config '{setting.key}' must be a {kind.__name__}, got {value!r}")
+
+
+def parse_config(run_config: dict[str, Any], num_clients: int | None = None) -> Config:
+    """Validate ``run_config`` (unknown keys rejected, missing keys defaulted) into a :class:`Config`.
+
+    ``num_clients`` enables the checks that need the federation size (the forget client).
+    """
+    unknown = sorted(set(run_config) - set(SETTINGS_BY_KEY))
+    if unknown:
+        raise ConfigError(f"unknown run-config key(s) {', '.join(unknown)}; see the README's key table")
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        value = _coerce(setting, run_config.get(setting.key, setting.default))
+        if isinstance(value, float) and math.isnan(value):
+            raise ConfigError(f"run-config '{setting.key}' is NaN")
+        if setting.check is not None and not setting.check(value):
+            raise ConfigError(f"run-config '{setting.key}'={value!r} is not allowed: must be {setting.allowed}")
+        values[setting.key] = value
+    cfg = Config(values)
+    _check_combinations(cfg, num_clients)
+    return cfg
+
+
+def _check_combinations(cfg: Config, num_clients: int | None) -> None:
+    classes = cfg.num_classes
+    if cfg["forget-class"] >= classes:
+        raise ConfigError(f"run-config 'forget-class'={cfg['forget-class']} is outside task "
+                          f"'{cfg['task']}': must be in 0..{classes - 1}")
+    if cfg["backdoor-target"] >= classes:
+        raise ConfigError(f"run-config 'backdoor-target'={cfg['backdoor-target']} is outside task "
+                          f"'{cfg['task']}': must be in 0..{classes - 1}")
+    if num_clients is not None:
+        if num_clients < 2:
+            raise ConfigError(f"the federation has {num_clients} client(s): at least 2 are needed")
+        if cfg["forget-client"] >= num_clients:
+            raise ConfigError(f"run-config 'forget-client'={cfg['forget-client']} is outside the "
+                              f"federation: must be -1 (largest) or in 0..{num_clients - 1}")

@@ -1,0 +1,43 @@
+"""Plug-ins that sit between a ``SplitModel``'s extractor and head, described by JSON-able specs.
+
+A spec is a dict such as ``{"kind": "fedup-filter", "bottleneck": 32}``. Server and clients build
+the same architecture from the same specs, so only tensors (never module code) cross the grid.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from torch import nn
+
+from tasks.model import SplitModel
+
+
+def build_plugin(spec: dict, feature_dim: int) -> nn.Module:
+    """One plug-in module from its spec."""
+    kind = spec.get("kind")
+    if kind == "fedup-filter":
+        from tasks.fedup_filter import FedUPFilter
+
+        return FedUPFilter(feature_dim, bottleneck=int(spec["bottleneck"]))
+    if kind == "lethe-adapter":
+        from tasks.lethe_adapter import LetheAdapter
+
+        return LetheAdapter(feature_dim, bottleneck=int(spec["bottleneck"]))
+    raise ValueError(f"plug-in kind {kind!r} is unknown: must be fedup-filter or lethe-adapter")
+
+
+def attach_plugins(model: SplitModel, specs: list[dict], seed: int = 0) -> SplitModel:
+    """Replace the model's plug-ins by freshly built ones (seeded init), in order."""
+    torch.manual_seed(seed)
+    model.plugins = nn.ModuleList(build_plugin(spec, model.feature_dim) for spec in specs)
+    return model
+
+
+def specs_to_json(specs: list[dict]) -> str:
+    return json.dumps(specs, sort_keys=True)
+
+
+def specs_from_json(text: str) -> list[dict]:
+    return json.loads(text) if text else []

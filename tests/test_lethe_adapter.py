@@ -1,0 +1,106 @@
+"""Lethe's temporary adapter and its Phase-1 gradient ascent (paper 001, eq. 6)."""
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from tasks.lethe_adapter import LetheAdapter, train_adapter_ascent
+from tasks.model import SplitModel, base_state
+
+DIM, CLASSES = 8, 3
+
+
+def tiny_model(seed: int = 0) -> SplitModel:
+    torch.manual_seed(seed)
+    features = nn.Sequential(nn.Flatten(), nn.Linear(16, DIM), nn.BatchNorm1d(DIM), nn.ReLU(), nn.Dropout(0.3))
+    return SplitModel(features, nn.Linear(DIM, CLASSES), DIM)
+
+
+def forget_data(seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(48, 1, 4, 4, generator=g), torch.randint(0, CLASSES, (48,), generator=g)
+
+
+def forget_loss(model, x, y):
+    model.eval()
+    with torch.no_grad():
+        return float(F.cross_entropy(model(x), y))
+
+
+def with_adapter(seed: int = 0) -> SplitModel:
+    model = tiny_model(seed)
+    model.plugins.append(LetheAdapter(DIM, seed=seed))
+    return model
+
+
+def test_fresh_adapter_is_identity():
+    model = tiny_model()
+    x, _ = forget_data()
+    model.eval()
+    before = model(x)
+    model.plugins.append(LetheAdapter(DIM, seed=3))
+    assert torch.equal(model(x), before)
+
+
+def test_ascent_raises_forget_loss_and_leaves_backbone_bit_identical():
+    model = with_adapter()
+    x, y = forget_data()
+    model.train()
+    backbone = {k: v.clone() for k, v in base_state(model).items()}
+    start = forget_loss(model, x, y)
+    model.train()
+    metrics = train_adapter_ascent(model, 0, (x, y), steps=30, lr=0.5, seed=7)
+    assert model.training and model.features[2].training  # flags restored
+    assert metrics["steps"] > 0
+    assert forget_loss(model, x, y) > start + 0.1
+    after = base_state(model)
+    assert set(after) == set(backbone)
+    assert all(torch.equal(after[k], backbone[k]) for k in backbone)  # weights and BatchNorm buffers
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_ascent_is_reproducible_and_accepts_a_loader():
+    x, y = forget_data()
+    runs = []
+    for _ in range(2):
+        model = with_adapter()
+        train_adapter_ascent(model, 0, (x, y), steps=5, lr=0.2, seed=11, batch_size=16)
+        runs.append(model.plugins[0].state_dict())
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
+    model = with_adapter()
+    loader = [(x[:16], y[:16]), (x[16:], y[16:])]
+    metrics = train_adapter_ascent(model, 0, loader, steps=5, lr=0.2, seed=0)  # cycles the 2 batches
+    assert metrics["steps"] == 5
+
+
+def test_zero_steps_is_a_no_op():
+    model = with_adapter()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = train_adapter_ascent(model, 0, forget_data(), steps=0, lr=1.0, seed=0)
+    assert metrics["steps"] == 0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_loss_cap_stops_divergence():
+    model = with_adapter()
+    x, y = forget_data()
+    cap = forget_loss(model, x, y) + 1.0
+    metrics = train_adapter_ascent(model, 0, (x, y), steps=500, lr=5.0, seed=0, max_loss=cap)
+    assert metrics["stopped_early"] == 1
+    assert metrics["steps"] < 500
+    assert metrics["loss_end"] >= cap
+    assert all(torch.isfinite(p).all() for p in model.plugins[0].parameters())
+
+
+def test_bad_arguments_are_rejected():
+    model = with_adapter()
+    data = forget_data()
+    with pytest.raises(ValueError, match="adapter_index"):
+        train_adapter_ascent(model, 1, data, steps=1, lr=0.1, seed=0)
+    with pytest.raises(ValueError, match="lethe-adapter-steps"):
+        train_adapter_ascent(model, 0, data, steps=-1, lr=0.1, seed=0)
+    with pytest.raises(ValueError, match="lethe-adapter-lr"):
+        train_adapter_ascent(model, 0, data, steps=1, lr=0.0, seed=0)
+    with pytest.raises(ValueError, match="dim"):
+        LetheAdapter(0, seed=0)

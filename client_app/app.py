@@ -5,8 +5,8 @@ Every handler rebuilds the client's data view from the run config and its node c
 behave the same. Raw data never leaves; replies carry model tensors, counts and model outputs.
 
 Messages (DESIGN.md): ``query.hello`` -> client id and counts; ``train`` (config: role,
-objective, scope, plugins, epochs, lr, max-steps) -> arrays + num-examples/loss; ``evaluate``
--> local metrics with counts and MIA confidences.
+objective ``ce`` or ``adapter-ascent``, scope, plugins, epochs, lr, max-steps) -> arrays + num-examples/loss; ``evaluate``
+-> local metrics with counts and MIA confidences; ``query.centroids`` (FedUP) -> DP centroids.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from client_app.fedup_client import centroid_release
 from client_app.state import client_view, load_model
+from tasks.lethe_adapter import train_adapter_ascent
 from tasks.metrics import client_metrics
 from tasks.model import PLUGIN_PREFIX
 from tasks.training import train_local
@@ -52,15 +54,15 @@ def train(msg: Message, context: Context) -> Message:
     role, scope = str(conf["role"]), str(conf.get("scope", "all"))
     model = load_model(cfg, msg.content["arrays"], str(conf.get("plugins", "")))
     x, y = data.split(role)
-    server_round = int(conf.get("server-round", 0))
-    loss = train_local(
-        model, x, y,
-        epochs=int(conf.get("epochs", cfg["local-epochs"])),
-        batch_size=cfg["batch-size"], lr=float(conf.get("lr", cfg["lr"])), momentum=cfg["momentum"],
-        seed=cfg["seed"] * 1_000_003 + server_round * 1009 + data.client_id,
-        objective=str(conf.get("objective", "ce")), scope=scope,
-        max_steps=int(conf.get("max-steps", 0)) or None, device=device,
-    )
+    seed = cfg["seed"] * 1_000_003 + int(conf.get("server-round", 0)) * 1009 + data.client_id
+    lr = float(conf.get("lr", cfg["lr"]))
+    if conf.get("objective", "ce") == "adapter-ascent":  # Lethe phase 1: only the adapter moves
+        loss = train_adapter_ascent(model, len(model.plugins) - 1, (x, y), steps=int(conf["max-steps"]),
+                                    lr=lr, seed=seed, batch_size=cfg["batch-size"])["loss_end"]
+    else:
+        loss = train_local(model, x, y, epochs=int(conf.get("epochs", cfg["local-epochs"])),
+                           batch_size=cfg["batch-size"], lr=lr, momentum=cfg["momentum"], seed=seed,
+                           scope=scope, max_steps=int(conf.get("max-steps", 0)) or None, device=device)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in _uploaded_state(model, scope).items()})
     metrics = MetricRecord({"num-examples": len(y), "loss": float(loss)})
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
@@ -76,3 +78,11 @@ def evaluate(msg: Message, context: Context) -> Message:
                              mia_max_samples=cfg["mia-max-samples"], seed=cfg["seed"] + data.client_id,
                              device=device)
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+@app.query("centroids")
+def centroids(msg: Message, context: Context) -> Message:
+    """FedUP: DP class centroids of this client's retained features (``client_app.fedup_client``)."""
+    cfg, data, _ = client_view(context)
+    model = load_model(cfg, msg.content["arrays"], str(msg.content["config"].get("plugins", "")))
+    return Message(centroid_release(cfg, data, model), reply_to=msg)

@@ -10,7 +10,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from server_app.experiment import Experiment
-from strategies.federation import Federation, RoundFailed
+from strategies.federation import Federation, RunStopped
 from tasks.config import ConfigError, parse_config
 
 log = logging.getLogger("fedunlearn")
@@ -36,7 +36,7 @@ def main(grid: Grid, context: Context) -> None:
         cfg = parse_config(context.run_config)
         fed = Federation(grid, round_timeout=cfg["round-timeout"], min_reply_fraction=cfg["min-reply-fraction"])
         folder = Experiment(fed, context.run_config).run()
-    except (ConfigError, RoundFailed) as err:
+    except (ConfigError, RunStopped) as err:
         log.error("run stopped: %s", err)
         raise SystemExit(f"fedunlearn: {err}") from None
     log.info("fedunlearn results folder: %s", folder)

@@ -50,22 +50,26 @@ def _path(cfg: Config, key: dict) -> str:
     return os.path.join(cache_dir(cfg), f"{key['kind']}-{digest}.pt")
 
 
-def load(cfg: Config, key: dict) -> ArrayRecord | None:
-    """The cached model for ``key``, or None (missing or unreadable)."""
+def load(cfg: Config, key: dict) -> tuple[ArrayRecord, dict] | None:
+    """(model, cost of building it) for ``key``, or None when missing or unreadable."""
     path = _path(cfg, key)
     if not os.path.exists(path):
         return None
     try:
-        return ArrayRecord(torch.load(path, map_location="cpu", weights_only=True))
+        arrays = ArrayRecord(torch.load(path, map_location="cpu", weights_only=True))
+        with open(path[:-3] + ".json", encoding="utf-8") as handle:
+            cost = json.load(handle)["cost"]
+        return arrays, cost
     except Exception as err:  # a corrupt entry must not stop the run: recompute it
         log.warning("ignoring unreadable cache entry %s: %s", path, err)
         return None
 
 
-def store(cfg: Config, key: dict, arrays: ArrayRecord) -> str:
-    """Write the model atomically; the sidecar JSON says what it was built from."""
+def store(cfg: Config, key: dict, arrays: ArrayRecord, cost: dict) -> str:
+    """Write the model atomically; the sidecar JSON records its key and what building it cost,
+    so a run that finds it cached can still report the cost of the model it compares against."""
     path = _path(cfg, key)
+    write_text(path[:-3] + ".json", json.dumps({"key": key, "cost": cost}, indent=1, sort_keys=True))
     with atomic_path(path) as tmp:
         torch.save(arrays.to_torch_state_dict(), tmp)
-    write_text(path[:-3] + ".json", json.dumps(key, indent=1, sort_keys=True))
     return path

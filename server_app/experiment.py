@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
 from server_app import cache
@@ -36,6 +37,7 @@ class Experiment:
         self.method = method_for(self.cfg["method"])
         self.started = time.perf_counter()
         self._retrain: ModelState | None = None
+        self.built_cost: dict[str, dict] = {}
 
     def say(self, text: str) -> None:
         log.info("[%7.1fs] %s", time.perf_counter() - self.started, text)
@@ -66,18 +68,26 @@ class Experiment:
         return ArrayRecord(build_model(self.cfg["task"], [], seed=self.cfg["seed"]).state_dict())
 
     def cached_fedavg(self, kind: str, role: str, rounds: int) -> ModelState:
-        """Original (role all) or retrain (role retain) model: from the cache, else trained and stored."""
+        """Original (role all) or retrain (role retain) model: from the cache, else trained and stored.
+
+        The phase cost is what it took this run; ``built_cost[kind]`` is what building the model
+        cost when it was trained (read back from the cache), which comparisons against it use.
+        """
         key = cache.model_key(kind, self.cfg, self.fed.num_clients)
         cost = self.fed.start_phase("pretrain" if kind == "original" else "retrain")
         started = time.perf_counter()
-        arrays = cache.load(self.cfg, key)
-        if arrays is not None:
+        cached = cache.load(self.cfg, key)
+        if cached is not None:
+            arrays, self.built_cost[kind] = cached
             self.say(f"{kind} model found in the cache")
         else:
             self.say(f"{kind}: {rounds} FedAvg rounds on '{role}' data")
             arrays = self.fedavg(self.fresh_model(), role, rounds, kind)
-            path = cache.store(self.cfg, key, arrays)
+            cost.seconds += time.perf_counter() - started
+            self.built_cost[kind] = cost.as_dict()
+            path = cache.store(self.cfg, key, arrays, self.built_cost[kind])
             self.say(f"{kind} model cached at {path}")
+            return ModelState(arrays)
         cost.seconds += time.perf_counter() - started
         return ModelState(arrays)
 
@@ -120,8 +130,9 @@ class Experiment:
         started = time.perf_counter()
         result = self.method.unlearn(ctx)
         cost.seconds += time.perf_counter() - started
-        if self.method.name == "retrain":
-            cost.rounds = self.fed.cost("retrain").rounds
+        if self.method.name == "retrain":  # its unlearning cost is what building the oracle cost
+            cost.seconds, cost.rounds, cost.bytes_up, cost.bytes_down = (
+                self.built_cost["retrain"][k] for k in ("seconds", "rounds", "bytes_up", "bytes_down"))
         self.say(f"unlearn done in {cost.seconds:.1f}s, {cost.bytes_up + cost.bytes_down} bytes")
 
         self.say("evaluate: original, unlearned and retrain models")
@@ -136,7 +147,9 @@ class Experiment:
         if self.method.reversible:
             self.say("restore: unplugging")
             self.fed.start_phase("restore")
-            models["restored"] = evaluate_model(self.fed, self.cfg, self.method.restore(result.model, ctx))
+            restored = self.method.restore(result.model, ctx)
+            models["restored"] = evaluate_model(self.fed, self.cfg, restored)
+            models["restored"]["equals_original"] = _same_model(restored, original)
 
         resurfacing = resurfacing_summary(kr_original=models["original"]["forget_acc"],
                                           kr_unlearned=models["unlearned"]["forget_acc"],
@@ -153,8 +166,9 @@ class Experiment:
                     "config": cfg, "versions": package_versions()},
             "models": models,
             "resurfacing": resurfacing,
-            "cost": {name: self.fed.cost(name).as_dict()
-                     for name in ("pretrain", "retrain", "unlearn", "continue", "evaluate")},
+            "cost": {**{name: self.fed.cost(name).as_dict()
+                        for name in ("pretrain", "retrain", "unlearn", "continue", "evaluate")},
+                     "built": self.built_cost},
             "method": details,
             "seconds_total": round(time.perf_counter() - self.started, 3),
         }
@@ -163,6 +177,12 @@ class Experiment:
         plot_kr_curve(folder, resurfacing, f"{cfg['method']} / {cfg['scenario']} / {cfg['task']}")
         self.say(f"results: {path}")
         return folder
+
+
+def _same_model(a: ModelState, b: ModelState) -> bool:
+    """Same plug-ins and bit-identical tensors (what restoring a reversible method must give)."""
+    sa, sb = a.arrays.to_torch_state_dict(), b.arrays.to_torch_state_dict()
+    return a.plugins == b.plugins and sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 def _plugins_json(model: ModelState) -> str:

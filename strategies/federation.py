@@ -18,7 +18,11 @@ from flwr.serverapp import Grid
 log = logging.getLogger("fedunlearn")
 
 
-class RoundFailed(RuntimeError):
+class RunStopped(RuntimeError):
+    """The run cannot go on; the message says why in one line (the ServerApp reports it and exits)."""
+
+
+class RoundFailed(RunStopped):
     """Too few clients answered a round; the message names the phase and the round."""
 
 

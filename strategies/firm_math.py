@@ -29,9 +29,10 @@ Pipeline (paper 002, Sec. 4.2 and Appendix B/C), applied per named tensor:
        d2g/dlambda_k dlambda_l = -2 sum_j base_j^2 F_k(j) F_l(j) / (1 + s_j)^3.
 
    m = 1 is solved on the scalar boundary equation b_1 = eps by a bracketing root finder (bisection
-   safeguarding Newton and chord steps, which are valid brackets because b_1 is convex decreasing); m > 1 by an exact dual solver
-   (exact coordinate ascent sweeps + projected Newton with Armijo backtracking; multipliers may go down
-   as well as up) that stops only on a KKT certificate (see ``ProjectionReport``).
+   safeguarding Newton and chord steps, valid because b_1 is convex decreasing); m > 1 by an exact
+   dual solver (exact coordinate ascent sweeps + projected Newton with Armijo backtracking; multipliers
+   may go down as well as up) that stops on a KKT certificate (see ``ProjectionReport``) or, reported
+   there, at the iteration limit / rounding floor.
 
 The solver works in float64 on the support where ``base != 0`` and some ``F_k > 0`` (elsewhere the
 coordinate is untouched and contributes nothing to any b_k). Unlike the paper's implementation no extra
@@ -421,8 +422,11 @@ def _solve_dual(dual: _Dual, base_norm2: float) -> tuple[torch.Tensor, int]:
         iterations += 1
         stepped = dual.newton_step(lam, damages, base_norm2) if iterations > 1 else None
         if stepped is None:
+            previous = lam
             for k in range(dual.m):
                 lam, _ = dual.maximise_coordinate(lam, k)
+            if iterations > 1 and torch.equal(lam, previous):
+                break  # at the rounding floor: neither step moves; the report shows the residuals
         else:
             lam = stepped
         damages = dual.damages(lam)

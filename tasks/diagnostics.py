@@ -39,12 +39,10 @@ def kr_curve_rr(kr_original: float, kr_retrain: float, kr_curve: Sequence[float]
     the max: resurfacing is what continued training brings back). 0 = never above the retrain
     reference, 100 = back to the original model's KR; values above 100 are possible and kept.
     If ``KR_ori − KR_re <= 0`` (the original never knew more than retrain, so nothing can resurface
-    relative to it) the ratio is undefined and ``nan`` is returned.
+    relative to it), or there was no continued round (``continue-rounds=0``), ``nan`` is returned.
     """
-    if len(kr_curve) == 0:
-        raise ValueError("kr_curve must hold at least one continued-training round (continue-rounds >= 1)")
     denominator = kr_original - kr_retrain
-    if not denominator > 0:
+    if not denominator > 0 or len(kr_curve) == 0:
         return math.nan
     rise = max(0.0, max(kr_curve) - kr_retrain)
     return 100.0 * rise / denominator
@@ -63,7 +61,7 @@ def resurfacing_summary(
         "kr_unlearned": float(kr_unlearned),
         "kr_retrain": float(kr_retrain),
         "kr_curve": curve,
-        "ct_kr": curve[-1],
+        "ct_kr": curve[-1] if curve else math.nan,
         "rr": rr,
     }
 

@@ -12,8 +12,9 @@ ReLU in the bottleneck and *no* output activation, so the filter can reproduce s
 (pooled transformer features, say), not only post-ReLU ones. Weights are initialised from
 ``seed`` with PyTorch's default Linear init.
 
-Training (eq. 15-19) on the aggregated centroids ``mu`` with labels ``y`` (forget-class centroids
-already relabelled to other classes)::
+Training (eq. 15-19) on the aggregated centroids ``mu`` with targets ``y`` (forget-class centroids
+pointed at the other classes: hard random labels as in the paper, or their expectation, the soft
+target of ``tasks.centroids.divert_targets``)::
 
     L = alpha * CE(head(filter(mu)), y) + (1 - alpha) * mean((filter(mu) - mu)^2)
 
@@ -68,12 +69,17 @@ def train_filter(
     optimizer: str = "adam",
     seed: int = 0,
 ) -> dict[str, list[float]]:
-    """Train ``filter`` in place on ``(centroids (M, d), labels (M,))`` with the frozen ``head``.
+    """Train ``filter`` in place on ``centroids (M, d)`` and their targets with the frozen ``head``.
+
+    ``labels`` are class indices ``(M,)`` (e.g. from ``relabel_forget_class``) or class
+    probabilities ``(M, C)`` (e.g. from ``divert_targets``, the recommended form; the CE of eq. 16
+    then uses the soft target).
 
     ``seed`` fixes the mini-batch order (the filter's init was fixed at construction), so two calls
     with equal inputs give bit-identical filters on the same device. ``optimizer`` is ``"adam"`` or
     plain ``"sgd"`` (no momentum, eq. 19). Returns per-epoch means: ``total``, ``ce``, ``re`` losses
-    and ``accuracy`` (fraction of centroids that ``head(filter(mu))`` assigns to their label).
+    and ``accuracy`` (fraction of centroids that ``head(filter(mu))`` assigns to their label; for soft
+    targets, to any class of non-zero target probability).
     """
     if not 0 <= alpha <= 1:
         raise ValueError(f"fedup-alpha must be in [0, 1], got {alpha}")
@@ -85,14 +91,17 @@ def train_filter(
         raise ValueError(f"fedup-batch-size must be > 0, got {batch_size}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"fedup-optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-    if centroids.ndim != 2 or labels.shape != (centroids.shape[0],) or centroids.shape[0] == 0:
+    rows = centroids.shape[:1]
+    if centroids.ndim != 2 or rows == (0,) or labels.shape[:1] != rows or labels.ndim > 2:
         raise ValueError(
-            f"centroids must be (M, d) with M > 0 and labels (M,), got {tuple(centroids.shape)} and {tuple(labels.shape)}"
+            "centroids must be (M, d) with M > 0 and labels (M,) or (M, C), "
+            f"got {tuple(centroids.shape)} and {tuple(labels.shape)}"
         )
 
     device = next(filter.parameters()).device
     x_all = centroids.detach().to(device=device, dtype=torch.float32)
-    y_all = labels.detach().to(device=device, dtype=torch.long)
+    soft = labels.ndim == 2
+    y_all = labels.detach().to(device=device, dtype=torch.float32 if soft else torch.long)
     frozen = {name: t.detach() for name, t in [*head.named_parameters(), *head.named_buffers()]}
     opt_cls = torch.optim.Adam if optimizer == "adam" else torch.optim.SGD
     opt = opt_cls(filter.parameters(), lr=lr)
@@ -118,7 +127,9 @@ def train_filter(
                 sums["total"] += total.item() * n
                 sums["ce"] += ce.item() * n
                 sums["re"] += re.item() * n
-                sums["accuracy"] += (logits.argmax(dim=1) == y).sum().item()
+                predicted = logits.argmax(dim=1)
+                hits = y.gather(1, predicted[:, None]).squeeze(1) > 0 if soft else predicted == y
+                sums["accuracy"] += hits.sum().item()
             for key, value in sums.items():
                 history[key].append(value / len(x_all))
     finally:

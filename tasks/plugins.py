@@ -20,11 +20,11 @@ def build_plugin(spec: dict, feature_dim: int) -> nn.Module:
     if kind == "fedup-filter":
         from tasks.fedup_filter import FedUPFilter
 
-        return FedUPFilter(feature_dim, bottleneck=int(spec["bottleneck"]))
+        return FedUPFilter(feature_dim, bottleneck=int(spec["bottleneck"]), seed=int(spec.get("seed", 0)))
     if kind == "lethe-adapter":
         from tasks.lethe_adapter import LetheAdapter
 
-        return LetheAdapter(feature_dim, bottleneck=int(spec["bottleneck"]))
+        return LetheAdapter(feature_dim, seed=int(spec.get("seed", 0)))
     raise ValueError(f"plug-in kind {kind!r} is unknown: must be fedup-filter or lethe-adapter")
 
 

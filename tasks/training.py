@@ -1,10 +1,7 @@
 """Local training and inference for vision models (what a client does with its data).
 
-Objectives:
-- ``ce``: cross-entropy descent (FedAvg, retrain, Lethe's retain stream, restore rounds);
-- ``ascent``: gradient ascent on cross-entropy (Lethe's temporary adapter). Ascent has no floor,
-  so the per-batch loss is capped: once a batch's CE exceeds ``ASCENT_LOSS_CAP`` it contributes no
-  gradient, which keeps the model from diverging to NaN.
+Local training minimises cross-entropy (FedAvg, retrain, both of Lethe's streams, restore rounds);
+Lethe's gradient-ascent adapter has its own bounded loop in ``tasks.lethe_adapter``.
 
 ``scope`` chooses what trains: ``all``, ``base`` (everything but plug-ins: Lethe's backbone with
 the adapter frozen) or ``plugins`` (only plug-ins: Lethe's adapter with the backbone frozen).
@@ -18,8 +15,6 @@ from torch.nn import functional as F
 
 from tasks.model import PLUGIN_PREFIX
 
-ASCENT_LOSS_CAP = 10.0
-OBJECTIVES = ("ce", "ascent")
 SCOPES = ("all", "base", "plugins")
 
 
@@ -43,18 +38,8 @@ def set_trainable(model: nn.Module, scope: str) -> list[nn.Parameter]:
     return trainable
 
 
-def batch_loss(logits: torch.Tensor, y: torch.Tensor, objective: str) -> torch.Tensor:
-    """Loss to minimise for one batch under ``objective``."""
-    ce = F.cross_entropy(logits, y)
-    if objective == "ce":
-        return ce
-    if objective == "ascent":
-        return -ce if ce.item() < ASCENT_LOSS_CAP else ce * 0.0
-    raise ValueError(f"objective {objective!r} is unknown: must be one of {', '.join(OBJECTIVES)}")
-
-
 def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
-                lr: float, momentum: float, seed: int, objective: str = "ce", scope: str = "all",
+                lr: float, momentum: float, seed: int, scope: str = "all",
                 max_steps: int | None = None, device: torch.device | None = None) -> float:
     """SGD over (x, y) in seeded shuffled mini-batches; returns the mean training CE of the last epoch."""
     device = device or torch.device("cpu")
@@ -69,12 +54,11 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: i
             for start in range(0, len(y), batch_size):
                 idx = order[start:start + batch_size]
                 xb, yb = x[idx].to(device), y[idx].to(device)
-                logits = model(xb)
-                loss = batch_loss(logits, yb, objective)
+                loss = F.cross_entropy(model(xb), yb)
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-                last_losses.append(F.cross_entropy(logits.detach(), yb).item())
+                last_losses.append(loss.item())
                 steps += 1
                 if max_steps is not None and steps >= max_steps:
                     return sum(last_losses) / len(last_losses)

@@ -31,13 +31,13 @@ def test_rr_partial_uses_the_peak_not_the_last_round():
 def test_rr_degenerate_denominator_is_nan():
     assert math.isnan(kr_curve_rr(0.1, 0.1, [0.5]))
     assert math.isnan(kr_curve_rr(0.05, 0.1, [0.5]))
-    with pytest.raises(ValueError, match="kr_curve"):
-        kr_curve_rr(0.9, 0.1, [])
+    assert math.isnan(kr_curve_rr(0.9, 0.1, []))  # no continued round: nothing to measure
 
 
 def test_resurfacing_summary_ct_kr_is_last_round():
     summary = resurfacing_summary(0.9, 0.02, 0.1, [0.1, 0.5, 0.3])
     assert summary["ct_kr"] == 0.3
+    assert math.isnan(resurfacing_summary(0.9, 0.02, 0.1, [])["ct_kr"])
     assert summary["kr_unlearned"] == 0.02
     assert summary["rr"] == pytest.approx(50.0)
     assert set(summary) == {"kr_original", "kr_unlearned", "kr_retrain", "kr_curve", "ct_kr", "rr"}

@@ -91,7 +91,7 @@ def test_ce_matches_huggingface_loss_and_rejects_empty_labels():
 def test_gradient_ascent_raises_forget_ce():
     model, batch = tiny_lora_model(), make_batch(4, 0)
     before = obj.ce(model, batch).item()
-    train(model, obj.make_objective("ascent"), batch)
+    train(model, obj.make_objective("ascent"), batch, lr=5e-2)
     assert obj.ce(model, batch).item() > before + 0.1
 
 
@@ -108,8 +108,8 @@ def test_npo_reference_for_an_adapter_that_already_learned():
     npo = obj.NPOLoss(beta=0.1)
     # adapter-disabled reference differs from the current (original) model -> ratio != 0
     assert npo(model, batch).item() != pytest.approx(2 / 0.1 * math.log(2), rel=1e-3)
-    ref = obj.reference_logprob(model, batch, disable_adapter=False)
-    assert npo(model, dict(batch, ref_logprob=ref)).item() == pytest.approx(2 / 0.1 * math.log(2), rel=1e-5)
+    [with_ref] = obj.attach_reference_logprobs(model, [batch], disable_adapter=False)
+    assert npo(model, with_ref).item() == pytest.approx(2 / 0.1 * math.log(2), rel=1e-5)
 
 
 def test_npo_lowers_forget_likelihood():
@@ -154,8 +154,8 @@ def test_rmu_moves_hidden_state_towards_control_vector():
         return (h - target).norm(dim=-1)[forget["attention_mask"].bool()].mean().item()
 
     before = distance()
-    train(model, rmu, forget, steps=8, lr=5e-2, retain_batch=make_batch(2, 9))
-    assert distance() < 0.8 * before
+    train(model, rmu, forget, steps=15, lr=5e-2, retain_batch=make_batch(2, 9))
+    assert distance() < 0.5 * before
 
 
 def test_rmu_retain_term_is_zero_for_a_fresh_adapter_and_layer_checked():
@@ -164,6 +164,15 @@ def test_rmu_retain_term_is_zero_for_a_fresh_adapter_and_layer_checked():
     assert torch.allclose(rmu(model, forget, retain_batch=retain), rmu(model, forget))
     with pytest.raises(ValueError, match="rmu layer"):
         obj.RMULoss(layer=5)(model, forget)
+
+
+def test_rmu_precomputed_frozen_hidden_keeps_retain_term_at_zero_for_a_learned_adapter():
+    model, forget, retain = tiny_lora_model(), make_batch(2, 0), make_batch(2, 1)
+    perturb_adapter(model)
+    rmu = obj.RMULoss(layer=1, steering_coeff=2.0, alpha=100.0)
+    [frozen] = obj.attach_reference_hidden(model, [retain], layer=1, disable_adapter=False)
+    assert torch.allclose(rmu(model, forget, retain_batch=frozen), rmu(model, forget))
+    assert rmu(model, forget, retain_batch=retain) > rmu(model, forget)  # base-model reference differs
 
 
 def test_rmu_control_vector_is_seeded():

@@ -58,8 +58,10 @@ def write_cifar10(root: Path, rng: np.random.Generator, per_batch: int = 2):
     rows, labels = [], []
     for i in range(1, 6):
         batch_rows, batch_labels = _cifar_rows(rng, per_batch), rng.integers(0, 10, per_batch).tolist()
-        _pickle(folder / f"data_batch_{i}", {"batch_label": f"training batch {i} of 5", "labels": batch_labels,
-                                             "data": batch_rows, "filenames": [f"img{j}.png" for j in range(per_batch)]})
+        _pickle(folder / f"data_batch_{i}", {
+            "batch_label": f"training batch {i} of 5", "labels": batch_labels, "data": batch_rows,
+            "filenames": [f"img{j}.png" for j in range(per_batch)],
+        })
         rows.append(batch_rows)
         labels += batch_labels
     _pickle(folder / "test_batch", {"batch_label": "testing batch 1 of 1", "labels": [0, 1],
@@ -74,8 +76,10 @@ def write_cifar100(root: Path, rng: np.random.Generator, n: int = 5):
     folder.mkdir(parents=True)
     rows, fine = _cifar_rows(rng, n), rng.integers(0, 100, n).tolist()
     fine[0] = 99  # the largest fine label must survive (there are only 20 coarse labels)
-    _pickle(folder / "train", {"filenames": [f"t{j}.png" for j in range(n)], "batch_label": "training batch 1 of 1",
-                               "fine_labels": fine, "coarse_labels": [f % 20 for f in fine], "data": rows})
+    _pickle(folder / "train", {
+        "filenames": [f"t{j}.png" for j in range(n)], "batch_label": "training batch 1 of 1",
+        "fine_labels": fine, "coarse_labels": [f % 20 for f in fine], "data": rows,
+    })
     _pickle(folder / "test", {"filenames": ["x.png"], "batch_label": "testing batch 1 of 1",
                               "fine_labels": [3], "coarse_labels": [3], "data": _cifar_rows(rng, 1)})
     _pickle(folder / "meta", {"fine_label_names": [f"f{c}" for c in range(100)],

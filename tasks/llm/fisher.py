@@ -6,7 +6,8 @@ sequence's target tokens, its gradient squared element-wise, then averaged over 
 
     F(j) = 1/N * sum_b ( d L_b(theta_F) / d theta_j )^2,   L_b = -1/|y_b| sum_t log p(y_bt | ...)
 
-Target tokens are the answer tokens (``labels != -100``); sequences without any are skipped.
+Target tokens are the answer tokens (``labels != -100``); sequences without any are skipped;
+padding is dropped and sequences are cut to ``max_length = 512`` tokens (the paper's truncation).
 Squares are accumulated in float32 and the result is float32 on the CPU. Dropout is off (eval
 mode) while the Fisher is computed — the paper is silent; this makes it deterministic.
 
@@ -86,6 +87,8 @@ def _check_space(space: str) -> None:
 def _targets(model: nn.Module, space: str, names: Iterable[str] | None) -> dict[str, nn.Linear]:
     """The Linear modules whose ``.weight`` the Fisher is taken over, keyed by output name."""
     _check_space(space)
+    if space == "weight" and is_quantised(model):
+        raise ValueError("model is quantised: compute the weight-space Fisher on fisher_reference_model(model, ...)")
     if space == "lora":
         targets = {}
         for name, module in model.named_modules():
@@ -105,15 +108,18 @@ def _targets(model: nn.Module, space: str, names: Iterable[str] | None) -> dict[
 
 
 # --------------------------------------------------------------------------- data
-def _sequences(batches: Iterable[dict], num_batches: int) -> list[dict]:
-    """The first ``num_batches`` single sequences (padding dropped), cycling through ``batches``."""
+def _sequences(batches: Iterable[dict], num_batches: int, max_length: int) -> list[dict]:
+    """The first ``num_batches`` single sequences (padding dropped, cut to ``max_length`` tokens),
+    cycling through ``batches`` when there are fewer."""
     if not isinstance(num_batches, int) or num_batches < 1:
         raise ValueError(f"num_batches must be an int >= 1, got {num_batches!r}")
+    if not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(f"max_length must be an int >= 2, got {max_length!r}")
     pool = []
     for batch in batches:
         for i in range(batch["input_ids"].shape[0]):
             keep = batch["attention_mask"][i].bool()
-            seq = {k: batch[k][i][keep] for k in ("input_ids", "attention_mask", "labels")}
+            seq = {k: batch[k][i][keep][:max_length] for k in ("input_ids", "attention_mask", "labels")}
             if (seq["labels"][1:] != IGNORE_INDEX).any():
                 pool.append(seq)
             if len(pool) == num_batches:
@@ -173,20 +179,21 @@ def per_sample_fisher_loop(
     num_batches: int = 20,
     space: str = "weight",
     names: Iterable[str] | None = None,
+    max_length: int = 512,
 ) -> dict[str, torch.Tensor]:
     """Diagonal Fisher with one forward/backward per sequence (the plain benchmark baseline)."""
     targets = _targets(model, space, names)
-    seqs = _sequences(batches, num_batches)
+    seqs = _sequences(batches, num_batches, max_length)
     weights = [m.weight for m in targets.values()]
     device = weights[0].device
-    total = {k: torch.zeros(m.weight.shape, dtype=torch.float32) for k, m in targets.items()}
+    total = {k: torch.zeros(m.weight.shape, dtype=torch.float32, device=device) for k, m in targets.items()}
     with _fisher_mode(model, space, weights):
         for seq in seqs:
             batch = {k: v.unsqueeze(0) for k, v in _to_device(seq, device).items()}
             grads = torch.autograd.grad(_per_sequence_loss(model, batch)[0], weights)
             for key, g in zip(targets, grads):
-                total[key] += g.detach().float().cpu() ** 2
-    return {k: v / len(seqs) for k, v in total.items()}
+                total[key] += g.detach().float() ** 2
+    return {k: (v / len(seqs)).cpu() for k, v in total.items()}
 
 
 def diagonal_fisher(
@@ -196,6 +203,7 @@ def diagonal_fisher(
     num_batches: int = 20,
     space: str = "weight",
     names: Iterable[str] | None = None,
+    max_length: int = 512,
     chunk_size: int = 8,
 ) -> dict[str, torch.Tensor]:
     """Empirical diagonal Fisher (FIRM App. C) via per-sequence gradients from chunked batches.
@@ -205,10 +213,10 @@ def diagonal_fisher(
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
     targets = _targets(model, space, names)
-    seqs = _sequences(batches, num_batches)
+    seqs = _sequences(batches, num_batches, max_length)
     weights = [m.weight for m in targets.values()]
     device = weights[0].device
-    total = {k: torch.zeros(m.weight.shape, dtype=torch.float32) for k, m in targets.items()}
+    total = {k: torch.zeros(m.weight.shape, dtype=torch.float32, device=device) for k, m in targets.items()}
     io: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def capture(key: str):
@@ -232,12 +240,12 @@ def diagonal_fisher(
                     a = io[key][0]
                     for b in range(dz.shape[0]):
                         g = dz[b].reshape(-1, dz.shape[-1]).float().T @ a[b].reshape(-1, a.shape[-1]).float()
-                        total[key] += g.cpu() ** 2
+                        total[key] += g**2
         finally:
             for h in handles:
                 h.remove()
             io.clear()
-    return {k: v / len(seqs) for k, v in total.items()}
+    return {k: (v / len(seqs)).cpu() for k, v in total.items()}
 
 
 # --------------------------------------------------------------------------- task vectors
@@ -260,12 +268,12 @@ def task_vector(model_after: nn.Module, reference_state: dict[str, torch.Tensor]
         if missing:
             raise ValueError(f"reference_state lacks LoRA tensors, e.g. {missing[0]!r}; take it with lora_state()")
         return {n: (params[n].detach().float() - reference_state[n].float()).cpu() for n in names}
+    name_of = {id(p): n for n, p in params.items()}
     out = {}
     for key, layer in _lora_layers(model_after).items():
         delta = 0.0
         for adapter in layer.active_adapters:
-            a_name = next(n for n, p in params.items() if p is layer.lora_A[adapter].weight)
-            b_name = next(n for n, p in params.items() if p is layer.lora_B[adapter].weight)
+            a_name, b_name = name_of[id(layer.lora_A[adapter].weight)], name_of[id(layer.lora_B[adapter].weight)]
             if a_name not in reference_state or b_name not in reference_state:
                 raise ValueError(f"reference_state lacks {a_name!r}; take it with lora_state()")
             after = layer.lora_B[adapter].weight.detach().float() @ layer.lora_A[adapter].weight.detach().float()

@@ -26,7 +26,9 @@ TINY_MODEL = "tiny"
 LLAMA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """All seven projection modules of a Llama block (FIRM's TOFU setting: all linear layers)."""
 
-# Tiny Llama: 2 layers, hidden 128 (see docs/llm.md for the measurement behind these sizes).
+# Tiny Llama: 2 layers, hidden 128: memorises 10 authors x 20 QA in ~15 epochs with LoRA r=16.
+# Init std 0.1 instead of HF's 0.02: with 0.02 the frozen output layer caps logits near 2.6 and a
+# LoRA-only model cannot make any token likely (measured: no learning at all).
 TINY_LAYERS = 2
 TINY_HIDDEN = 128
 TINY_HEADS = 4
@@ -65,15 +67,16 @@ def _load_base(model_name_or_path: str, tokenizer, load_in_4bit: bool, seed: int
                 model = AutoModelForCausalLM.from_pretrained(
                     folder, quantization_config=_quantisation_config(), device_map={"": 0})
         return model, tokenizer
-    if not os.path.isdir(model_name_or_path):
-        raise ValueError(f"llm-model {model_name_or_path!r} is neither 'tiny' nor a local model directory")
+    if not os.path.isfile(os.path.join(model_name_or_path, "config.json")):
+        raise ValueError(f"llm-model {model_name_or_path!r} is neither 'tiny' nor a local model "
+                         "directory with a config.json (models are never downloaded)")
     try:
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, local_files_only=True)
         extra = {"quantization_config": _quantisation_config(), "device_map": {"": 0}} if load_in_4bit else {}
         model = AutoModelForCausalLM.from_pretrained(model_name_or_path, local_files_only=True, **extra)
-    except OSError as error:
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+    except (OSError, ValueError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(f"llm-model {model_name_or_path!r} could not be loaded locally: {first_line}") from None
     if tokenizer.pad_token is None:  # many causal LMs ship without one; padding is masked anyway
         tokenizer.pad_token = tokenizer.eos_token
@@ -131,5 +134,8 @@ def load_adapter_state(model, state: dict[str, torch.Tensor]) -> None:
         extra = sorted(set(state) - set(own))[:3]
         absent = sorted(set(own) - set(state))[:3]
         raise ValueError(f"adapter state keys do not match the model: unexpected {extra}, missing {absent}")
+    wrong_shape = [key for key, value in state.items() if tuple(value.shape) != tuple(own[key].shape)]
+    if wrong_shape:
+        raise ValueError(f"adapter state shapes do not match the model (another LoRA rank?): {wrong_shape[:3]}")
     cast = {key: value.to(device=own[key].device, dtype=own[key].dtype) for key, value in state.items()}
     set_peft_model_state_dict(model, cast)

@@ -33,8 +33,11 @@ are computed by the same model inside peft's ``disable_adapter()`` context (no g
 mode). That is the original model exactly when the unlearning adapter is the only change on top
 of the original weights (a fresh adapter, or one whose B is still zero). When the adapter already
 carries knowledge (e.g. it was fine-tuned in pretraining and continues to be trained), compute the
-reference once *before* the first unlearning step with ``disable_adapter=False`` and pass it in
-the batch (``batch["ref_logprob"]``, ``batch["ref_hidden"]``).
+reference once *before* the first unlearning step with ``disable_adapter=False``. Either way,
+``attach_reference_logprobs`` / ``attach_reference_hidden`` precompute it once per batch and store
+it in the batch (``ref_logprob`` (B,), ``ref_hidden`` (B, T, d)); the losses use it when present and
+otherwise recompute it with the adapter disabled at every step (one extra no-grad forward).
+The objectives call ``model(input_ids=..., attention_mask=...)``, so these extra keys are harmless.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ __all__ = [
     "NPOLoss",
     "RMULoss",
     "SimNPOLoss",
+    "attach_reference_hidden",
+    "attach_reference_logprobs",
     "ce",
     "decoder_layers",
     "gradient_ascent",
@@ -89,6 +94,8 @@ def _require_answer_tokens(n_tokens: torch.Tensor) -> None:
 @contextlib.contextmanager
 def _frozen_reference(model: nn.Module, disable_adapter: bool) -> Iterator[None]:
     """No grad, eval mode (no dropout) and, if asked, the LoRA adapter switched off."""
+    if disable_adapter and not hasattr(model, "disable_adapter"):
+        raise ValueError("model has no adapter to disable: pass disable_adapter=False or a precomputed reference")
     was_training = model.training
     model.eval()
     adapter_off = model.disable_adapter() if disable_adapter else contextlib.nullcontext()
@@ -103,6 +110,11 @@ def reference_logprob(model: nn.Module, batch: dict, *, disable_adapter: bool = 
     """Reference-model summed answer log-probs (B,) for NPO, without a second model copy."""
     with _frozen_reference(model, disable_adapter):
         return sequence_logprob(model, batch)[0]
+
+
+def attach_reference_logprobs(model: nn.Module, batches: Iterable[dict], *, disable_adapter: bool = True) -> list[dict]:
+    """Copies of ``batches`` carrying ``ref_logprob`` — compute once, before the first NPO step."""
+    return [dict(b, ref_logprob=reference_logprob(model, b, disable_adapter=disable_adapter)) for b in batches]
 
 
 # --------------------------------------------------------------------------- simple objectives
@@ -194,6 +206,13 @@ def reference_hidden(model: nn.Module, batch: dict, layer: int, *, disable_adapt
     """Frozen-model hidden state at ``layer`` (B, T, d) for RMU's retain term, without a model copy."""
     with _frozen_reference(model, disable_adapter):
         return _layer_output(model, batch, layer)
+
+
+def attach_reference_hidden(
+    model: nn.Module, batches: Iterable[dict], layer: int, *, disable_adapter: bool = True
+) -> list[dict]:
+    """Copies of retain ``batches`` carrying ``ref_hidden`` (B, T, d) — compute once, before RMU starts."""
+    return [dict(b, ref_hidden=reference_hidden(model, b, layer, disable_adapter=disable_adapter)) for b in batches]
 
 
 def _masked_mse(hidden: torch.Tensor, target: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

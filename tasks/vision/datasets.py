@@ -40,6 +40,7 @@ import functools
 import os
 import pickle
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -195,7 +196,8 @@ def _missing(folder: str, names: tuple[str, ...]) -> list[str]:
     return [name for name in names if not os.path.isfile(os.path.join(folder, name))]
 
 
-def _require_files(dataset, folder, names, download, fetch, how) -> None:
+def _require_files(dataset: str, folder: str, names: tuple[str, ...], download: bool,
+                   fetch: Callable[[], None], how: str) -> None:
     """Make sure ``folder`` holds ``names``: download with ``fetch`` if allowed, else fail in one line."""
     missing = _missing(folder, names)
     if not missing:

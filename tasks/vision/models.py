@@ -5,11 +5,11 @@ pixel space outside the model, so a trigger is pixel value 1.0), ends ``features
 (B, feature_dim) vector, and makes ``head`` the single final ``nn.Linear`` — the layer FedUP's filter
 and Lethe's adapter sit in front of.
 
-| arch | extractor | feature_dim |
-| --- | --- | --- |
-| ``lenet5`` | conv5x5(6)-ReLU-maxpool2-conv5x5(16)-ReLU-maxpool2-fc120-ReLU-fc84-ReLU | 84 |
-| ``resnet18`` / ``resnet34`` | CIFAR-style ResNet: 3x3 stride-1 stem, no max-pool, BasicBlocks [2,2,2,2] / [3,4,6,3], global average pool | 512 |
-| ``vit`` | ViT: 4x4 patches (64 tokens + CLS), dim 192, depth 6, 3 heads, MLP 768, pre-norm, final LayerNorm, CLS token | 192 |
+- ``lenet5`` (feature_dim 84): conv5x5(6)-ReLU-maxpool2-conv5x5(16)-ReLU-maxpool2-fc120-ReLU-fc84-ReLU.
+- ``resnet18`` / ``resnet34`` (512): CIFAR-style ResNet — 3x3 stride-1 stem, no max-pool, BasicBlocks
+  [2,2,2,2] / [3,4,6,3], global average pool.
+- ``vit`` (192): 4x4 patches (64 tokens + CLS), dim 192, depth 6, 3 heads, MLP 768, pre-norm,
+  final LayerNorm, the CLS token is the feature vector.
 
 Choices where the papers are silent: LeNet-5 uses ReLU and max-pooling (the modern variant);
 ResNets reuse torchvision's BasicBlock and its initialisation (Kaiming-normal fan-out convs, BN weight
@@ -66,7 +66,9 @@ def normalization_for(dataset: str | None, in_channels: int) -> Normalize:
         raise ValueError(f"dataset must be one of {', '.join(NORMALIZATION)} or None, got {dataset!r}")
     mean, std = NORMALIZATION[dataset]
     if len(mean) != in_channels:
-        raise ValueError(f"in_channels={in_channels} does not match dataset {dataset!r} ({len(mean)} channels)")
+        raise ValueError(
+            f"in_channels={in_channels} does not match dataset {dataset!r} ({len(mean)} channels)"
+        )
     return Normalize(mean, std)
 
 

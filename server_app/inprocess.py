@@ -1,0 +1,112 @@
+"""Run the experiment in one process: a Flower ``Grid`` that calls the real ClientApp directly.
+
+Each node id is one client (``partition-id`` = its index); ``send_and_receive`` calls the ClientApp
+with that node's ``Context``, one client after the other. Everything else — the phases, the
+strategies, the handlers — is the production code path; only Ray and the SuperLink are skipped.
+Tests and benchmark scripts use it (clients run sequentially, so wall times add up over clients,
+for every method alike). ``fail_nodes`` makes chosen clients answer with an error.
+
+    python -m server_app.inprocess --clients 10 --run-config "method='fedup' scenario='class'"
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from flwr.app import Context, Message, RecordDict
+from flwr.app.error import Error
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+from client_app.app import app as client_app
+
+NODE_OFFSET = 1000
+
+
+class InProcessGrid(Grid):
+    """All clients in this process; see the module docstring."""
+
+    def __init__(self, num_clients: int, run_config: dict, fail_nodes: Iterable[int] = (),
+                 fail_types: Iterable[str] = ("train",)):
+        TaskIdentity.run_id = 1
+        TaskIdentity.node_id = 0
+        TaskIdentity.task_id = 1
+        self.num_clients = num_clients
+        self.run_config = run_config
+        self.fail_nodes = set(fail_nodes)
+        self.fail_types = set(fail_types)
+        self.sent_types: list[str] = []
+
+    # Grid's abstract surface -----------------------------------------------------------
+    def set_run(self, run_id: int) -> None:  # pragma: no cover - not used in-process
+        pass
+
+    @property
+    def run(self):  # pragma: no cover - not used in-process
+        return None
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # pragma: no cover
+        return Message(content, dst_node_id=dst_node_id, message_type=message_type)
+
+    def get_node_ids(self) -> list[int]:
+        return [NODE_OFFSET + i for i in range(self.num_clients)]
+
+    def get_nodes(self):  # pragma: no cover
+        return []
+
+    def push_messages(self, messages):  # pragma: no cover
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids):  # pragma: no cover
+        raise NotImplementedError
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        replies = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            self.sent_types.append(message.metadata.message_type)
+            context = Context(run_id=1, node_id=node, state=RecordDict(), run_config=self.run_config,
+                              node_config={"partition-id": node - NODE_OFFSET, "num-partitions": self.num_clients})
+            if node - NODE_OFFSET in self.fail_nodes and message.metadata.message_type in self.fail_types:
+                reply = Message(Error(code=0, reason="injected failure"), reply_to=message)
+            else:
+                reply = client_app(message, context)
+            replies.append(reply)
+        return replies
+
+
+def run_inprocess(run_config: dict, num_clients: int, **grid_options) -> str:
+    """Run the whole experiment in this process; returns the results folder."""
+    from server_app.experiment import Experiment
+    from strategies.federation import Federation
+    from tasks.config import parse_config
+
+    cfg = parse_config(run_config)
+    grid = InProcessGrid(num_clients, run_config, **grid_options)
+    fed = Federation(grid, round_timeout=cfg["round-timeout"], min_reply_fraction=cfg["min-reply-fraction"])
+    return Experiment(fed, run_config).run()
+
+
+def parse_overrides(text: str) -> dict:
+    """``"k1=v1 k2='s'"`` -> dict, with TOML value syntax like ``flwr run --run-config``."""
+    import shlex
+    import tomllib
+
+    return {k: v for item in shlex.split(text, posix=False) for k, v in tomllib.loads(item).items()} \
+        if text else {}
+
+
+def main() -> None:
+    import argparse
+    import logging
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--run-config", default="", help="overrides, as for flwr run --run-config")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(run_inprocess(parse_overrides(args.run_config), args.clients))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Lethe (paper 001, algorithm 1): amplify -> rectify -> restore, as a Flower strategy.
+
+1. **Amplify** (``lethe-adapter-steps`` > 0): a temporary adapter (``tasks.lethe_adapter``) is
+   attached between extractor and head; the client(s) holding forget data train only the adapter by
+   bounded gradient ascent on it (eq. 6); the server averages the adapters by forget counts (class
+   scenario: every client holding the class) and freezes it. Uploaded once, broadcast once.
+2. **Rectify** (``lethe-rectify-rounds``): each round the composite model goes to the forget
+   clients (forget stream, eq. 7: ordinary local training on the forget data) and to the retained
+   clients (retain stream, eq. 8, weighted by counts); only the backbone trains. Per named
+   parameter tensor the server applies eq. 10 with ``lethe-gamma`` and eq. 11. Buffers (BatchNorm
+   statistics) are not parameters: they take the retain stream's average. Each round logs, per
+   layer, the Proposition IV.1 bounds of gamma and whether the chosen gamma is inside them.
+3. **Restore** (``lethe-restore-rounds``): the adapter is dropped and FedAvg runs on retained
+   clients.
+
+A forget client that fails during amplify or rectify ends the phase (``RoundFailed`` naming the
+phase and round); the original model is never modified, so it stays intact.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg
+
+from strategies.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
+from strategies.fedavg_rounds import RoleFedAvg, run_rounds
+from strategies.lethe_math import apply_update, check_gamma, gamma_bounds, rectify, weighted_average
+from tasks.model import PLUGIN_PREFIX
+from tasks.plugins import specs_to_json
+
+log = logging.getLogger("fedunlearn")
+
+State = dict[str, torch.Tensor]
+
+
+def _stream(replies, start: State, keys: list[str]) -> tuple[State, int]:
+    """Count-weighted mean update (reply - start) over ``keys``, and the total count."""
+    updates, weights = [], []
+    for reply in replies:
+        state = reply.content["arrays"].to_torch_state_dict()
+        updates.append({k: state[k] - start[k] for k in keys})
+        weights.append(int(reply.content["metrics"]["num-examples"]))
+    return weighted_average(updates, weights), sum(weights)
+
+
+class Lethe(FedAvg, UnlearningMethod):
+    """Lethe's three phases driven against the federation (FedAvg aggregates the adapters)."""
+
+    name = "lethe"
+
+    def __init__(self):
+        super().__init__(fraction_train=1.0, fraction_evaluate=0.0, weighted_by_key="num-examples",
+                         arrayrecord_key="arrays", configrecord_key="config")
+
+    def _send(self, ctx: UnlearnContext, nodes: list[int], state: State, plugins: list[dict], *, role: str,
+              round_no: int, require_all: bool, **config):
+        content = RecordDict({"arrays": ArrayRecord(state),
+                              "config": ConfigRecord({"role": role, "plugins": specs_to_json(plugins),
+                                                      "server-round": round_no, **config})})
+        return ctx.fed.broadcast(nodes, "train", content, round_no=round_no, require_all=require_all)
+
+    def amplify(self, ctx: UnlearnContext) -> tuple[State, list[dict], dict]:
+        """Phase 1: the original model with a trained, frozen temporary adapter (or none)."""
+        cfg = ctx.cfg
+        base = ctx.original.arrays.to_torch_state_dict()
+        if cfg["lethe-adapter-steps"] == 0:
+            return base, [], {"adapter": "none"}
+        plugins = [{"kind": "lethe-adapter", "seed": cfg["seed"]}]
+        model = ctx.model_factory(plugins)
+        model.load_state_dict({**model.state_dict(), **base})
+        replies = self._send(ctx, ctx.fed.nodes_with("n-forget"), model.state_dict(), plugins, role="forget",
+                             round_no=1, require_all=True, objective="adapter-ascent", scope="plugins",
+                             **{"max-steps": cfg["lethe-adapter-steps"], "lr": cfg["lethe-adapter-lr"]})
+        ctx.fed.cost(ctx.fed.phase).rounds += 1
+        adapter, _ = self.aggregate_train(1, replies)
+        losses = [float(r.content["metrics"]["loss"]) for r in replies]
+        return {**model.state_dict(), **adapter.to_torch_state_dict()}, plugins, {"adapter_final_loss": losses}
+
+    def rectify_rounds(self, ctx: UnlearnContext, state: State, plugins: list[dict]) -> tuple[State, list]:
+        """Phase 2: ``lethe-rectify-rounds`` rounds of dual-stream rectification of the backbone."""
+        cfg, fed = ctx.cfg, ctx.fed
+        param_names = [n for n, _ in ctx.model_factory(plugins).named_parameters()
+                       if not n.startswith(PLUGIN_PREFIX)]
+        buffer_names = [k for k in state if k not in param_names and not k.startswith(PLUGIN_PREFIX)]
+        gamma, history = cfg["lethe-gamma"], []
+        for t in range(1, cfg["lethe-rectify-rounds"] + 1):
+            forget_replies = self._send(ctx, fed.nodes_with("n-forget"), state, plugins, role="forget",
+                                        round_no=t, require_all=True, scope="base")
+            retain_replies = self._send(ctx, fed.nodes_with("n-retain"), state, plugins, role="retain",
+                                        round_no=t, require_all=False, scope="base")
+            fed.cost(fed.phase).rounds += 1
+            forget, _ = _stream(forget_replies, state, param_names)
+            retain, _ = _stream(retain_replies, state, param_names)
+            bounds = gamma_bounds(retain, forget)
+            inside = check_gamma(bounds, gamma)
+            state = {**state, **apply_update({k: state[k] for k in param_names}, rectify(retain, forget, gamma))}
+            if buffer_names:
+                buffers, _ = _stream(retain_replies, state, buffer_names)
+                state.update({k: (state[k] + buffers[k]).to(state[k].dtype) for k in buffer_names})
+            aligned = [k for k, b in bounds.items() if b is not None]
+            log.info("[lethe] rectify round %d/%d: %d/%d layers aligned (s>0), gamma=%g inside the "
+                     "Prop. IV.1 bounds on %d of them", t, cfg["lethe-rectify-rounds"], len(aligned),
+                     len(bounds), gamma, sum(inside[k] for k in aligned))
+            history.append({k: {"lower": b[0], "upper": b[1], "gamma_inside": inside[k]}
+                            for k, b in bounds.items() if b is not None})
+        return state, history
+
+    def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
+        state, plugins, details = self.amplify(ctx)
+        state, history = self.rectify_rounds(ctx, state, plugins)
+        base = {k: v for k, v in state.items() if not k.startswith(PLUGIN_PREFIX)}
+        arrays = ArrayRecord(base)
+        if ctx.cfg["lethe-restore-rounds"]:
+            strategy = RoleFedAvg(ctx.fed, "retain", fraction_train=ctx.cfg["fraction-train"],
+                                  seed=ctx.cfg["seed"] + 2)
+            arrays = run_rounds(ctx.fed, strategy, arrays, rounds=ctx.cfg["lethe-restore-rounds"],
+                                config=ConfigRecord({"epochs": ctx.cfg["local-epochs"], "lr": ctx.cfg["lr"]}),
+                                label="lethe restore")
+        details["gamma_bounds"] = history
+        return UnlearnResult(ModelState(arrays), details)

@@ -1,0 +1,116 @@
+"""Client-side FedUP pieces: per-class KMeans centroids, forget-class relabelling, clipping, noise."""
+
+import math
+
+import pytest
+import torch
+
+from tasks.centroids import add_gaussian_noise, class_centroids, clip_rows, divert_targets, relabel_forget_class
+
+
+def features(n_per_class=(20, 7, 3), d=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.cat([torch.full((n,), k) for k, n in enumerate(n_per_class)])
+    return torch.randn(len(y), d, generator=g) + 3 * y[:, None].float(), y
+
+
+@pytest.mark.parametrize("rho", [0.1, 0.5, 0.8])
+def test_cluster_count_per_class_is_ceil_rho_n(rho):
+    x, y = features()
+    c, cy, counts = class_centroids(x, y, rho=rho, seed=0)
+    for k, n in enumerate((20, 7, 3)):
+        assert int((cy == k).sum()) == math.ceil(rho * n)
+        assert int(counts[cy == k].sum()) == n
+    assert c.shape == (len(cy), 5) and c.dtype == x.dtype
+
+
+def test_centroids_are_exact_means_of_their_points():
+    x, y = features()
+    c, cy, counts = class_centroids(x, y, rho=0.2, seed=1)
+    for k in range(3):
+        # the count-weighted mean of a class's centroids is the class mean
+        weighted = (c[cy == k] * counts[cy == k, None]).sum(0) / counts[cy == k].sum()
+        assert torch.allclose(weighted, x[y == k].mean(0), atol=1e-5)
+
+
+def test_rho_one_keeps_every_distinct_point():
+    x, y = features()
+    x[1] = x[0]  # a duplicate inside class 0
+    c, cy, counts = class_centroids(x, y, rho=1.0, seed=0)
+    assert len(c) == len(x) - 1
+    assert int(counts.max()) == 2 and int(counts.sum()) == len(x)
+    for row in x:
+        assert bool((c == row).all(dim=1).any())
+
+
+def test_tiny_and_degenerate_classes():
+    x = torch.tensor([[1.0, 2.0], [5.0, 5.0], [5.0, 5.0], [5.0, 5.0], [0.0, 0.0], [1.0, 1.0]])
+    y = torch.tensor([0, 1, 1, 1, 2, 2])
+    c, cy, counts = class_centroids(x, y, rho=1.0, seed=0)
+    assert torch.equal(c[cy == 0], torch.tensor([[1.0, 2.0]]))  # one point -> the point itself
+    assert torch.equal(c[cy == 1], torch.tensor([[5.0, 5.0]]))  # identical points -> one centroid
+    assert counts[cy == 1].tolist() == [3]
+    c, cy, counts = class_centroids(x, y, rho=0.4, seed=0)  # K = 1 -> the class mean
+    assert torch.allclose(c[cy == 2], torch.tensor([[0.5, 0.5]]))
+
+
+def test_centroids_are_deterministic_under_seed():
+    x, y = features((60, 40), seed=3)
+    a = class_centroids(x, y, rho=0.1, seed=7)
+    b = class_centroids(x, y, rho=0.1, seed=7)
+    assert all(torch.equal(u, v) for u, v in zip(a, b))
+
+
+def test_bad_rho_and_shapes_rejected():
+    x, y = features()
+    for rho in (0.0, 1.5, -0.2):
+        with pytest.raises(ValueError, match="fedup-rho"):
+            class_centroids(x, y, rho=rho, seed=0)
+    with pytest.raises(ValueError, match="features"):
+        class_centroids(x, y[:-1], rho=0.5, seed=0)
+
+
+def test_relabelled_forget_class_goes_to_every_other_class_only():
+    y = torch.tensor([0, 1, 2, 3] * 100)
+    out = relabel_forget_class(y, forget_class=2, num_classes=4, seed=0)
+    moved = out[y == 2]
+    assert not bool((out == 2).any())
+    assert set(moved.tolist()) == {0, 1, 3}
+    assert torch.equal(out[y != 2], y[y != 2])
+    assert torch.equal(out, relabel_forget_class(y, 2, 4, seed=0))
+    assert not torch.equal(out, relabel_forget_class(y, 2, 4, seed=1))
+
+
+def test_relabel_rejects_bad_class():
+    with pytest.raises(ValueError, match="forget-class"):
+        relabel_forget_class(torch.tensor([0, 1]), forget_class=5, num_classes=3, seed=0)
+
+
+def test_divert_targets_is_uniform_over_other_classes():
+    y = torch.tensor([0, 2, 1])
+    t = divert_targets(y, forget_class=2, num_classes=3)
+    assert torch.equal(t[0], torch.tensor([1.0, 0.0, 0.0]))
+    assert torch.allclose(t[1], torch.tensor([0.5, 0.5, 0.0]))
+    assert torch.allclose(t.sum(1), torch.ones(3))
+
+
+def test_clip_rows_bounds_norms_and_leaves_short_rows_alone():
+    x = torch.tensor([[3.0, 4.0], [0.3, 0.4], [0.0, 0.0], [-6.0, 8.0]])
+    out = clip_rows(x, 1.0)
+    assert torch.allclose(out.norm(dim=1), torch.tensor([1.0, 0.5, 0.0, 1.0]))
+    assert torch.equal(out[1:3], x[1:3])
+    assert torch.allclose(out[3], torch.tensor([-0.6, 0.8]))  # direction kept
+    with pytest.raises(ValueError, match="fedup-clip"):
+        clip_rows(x, 0.0)
+
+
+def test_gaussian_noise_has_requested_std_and_is_seeded():
+    c = torch.zeros(200, 100)
+    noisy = add_gaussian_noise(c, 0.3, seed=0)
+    assert abs(noisy.std().item() - 0.3) < 0.01
+    assert abs(noisy.mean().item()) < 0.01
+    assert torch.equal(noisy, add_gaussian_noise(c, 0.3, seed=0))
+    assert not torch.equal(noisy, add_gaussian_noise(c, 0.3, seed=1))
+    assert torch.equal(add_gaussian_noise(c, 0.0, seed=0), c)
+    with pytest.raises(ValueError, match="fedup-sigma"):
+        add_gaussian_noise(c, -1.0, seed=0)

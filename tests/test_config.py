@@ -1,0 +1,77 @@
+"""Run-config validation: every bad value is one line naming the key, before any work."""
+
+import math
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tasks.config import SETTINGS, ConfigError, parse_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_parse_and_match_pyproject():
+    cfg = parse_config({})
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert set(pyproject) == {s.key for s in SETTINGS}
+    for setting in SETTINGS:
+        assert cfg[setting.key] == pyproject[setting.key], setting.key
+
+
+def test_readme_documents_every_key():
+    readme = (ROOT / "README.md").read_text()
+    missing = [s.key for s in SETTINGS if f"`{s.key}`" not in readme]
+    assert not missing
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("task", "imagenet-vgg", "one of digits-lenet5"),
+    ("method", "magic", "one of none"),
+    ("scenario", "everything", "one of client"),
+    ("poison", "noise", "one of label-flip"),
+    ("forget-class", 10, "0..9"),
+    ("forget-class", -1, ">= 0"),
+    ("pretrain-rounds", 0, "> 0"),
+    ("local-epochs", -1, "> 0"),
+    ("batch-size", 0, "> 0"),
+    ("lr", 0.0, "> 0"),
+    ("lr", -0.1, "> 0"),
+    ("dirichlet-alpha", 0.0, "> 0"),
+    ("sample-fraction", 0.0, "(0, 1]"),
+    ("sample-fraction", 1.5, "(0, 1]"),
+    ("continue-rounds", -1, ">= 0"),
+    ("fedup-rho", 1.5, "(0, 1]"),
+    ("fedup-sigma", -1.0, ">= 0"),
+    ("fedup-epsilon", 0.0, "> 0"),
+    ("fedup-delta", 1.0, "(0, 1)"),
+    ("fedup-bottleneck", 0, "> 0"),
+    ("lethe-gamma", 0.0, "> 0"),
+    ("lethe-adapter-steps", -1, ">= 0"),
+    ("lethe-rectify-rounds", -2, ">= 0"),
+])
+def test_bad_value_names_key_and_allowed(key, value, fragment):
+    with pytest.raises(ConfigError) as err:
+        parse_config({key: value})
+    message = str(err.value)
+    assert f"'{key}'" in message and fragment in message and "\n" not in message
+
+
+def test_forget_client_outside_federation():
+    with pytest.raises(ConfigError, match="'forget-client'=10 is outside the federation"):
+        parse_config({"forget-client": 10}, num_clients=10)
+    assert parse_config({"forget-client": 9}, num_clients=10)["forget-client"] == 9
+
+
+def test_unknown_key_and_wrong_type():
+    with pytest.raises(ConfigError, match="unknown run-config key"):
+        parse_config({"pretrain-round": 3})
+    with pytest.raises(ConfigError, match="'pretrain-rounds' must be a int"):
+        parse_config({"pretrain-rounds": "many"})
+
+
+def test_coercion_and_inf():
+    cfg = parse_config({"lr": 1, "download": "true", "fedup-epsilon": math.inf})
+    assert cfg["lr"] == 1.0 and isinstance(cfg["lr"], float)
+    assert cfg["download"] is True and math.isinf(cfg["fedup-epsilon"])
+    assert cfg.pretrain_rounds == cfg["pretrain-rounds"]

@@ -1,0 +1,104 @@
+"""End-to-end runs of the real ServerApp phases against the real ClientApp, in one process.
+
+``InProcessGrid`` replaces only Ray and the SuperLink, so these tests exercise the production
+path (hello, FedAvg, unlearning strategies, evaluation, continue, restore, report) in seconds.
+"""
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from server_app.inprocess import InProcessGrid
+from server_app.experiment import Experiment
+from strategies.federation import Federation, RoundFailed
+
+TINY = {"pretrain-rounds": 2, "continue-rounds": 2, "local-epochs": 1, "mia-max-samples": 30,
+        "fedup-epochs": 20, "lethe-rectify-rounds": 1, "lethe-restore-rounds": 1, "lethe-adapter-steps": 3}
+
+
+def run(tmp_path, num_clients=4, fail_nodes=(), **overrides):
+    config = {**TINY, "cache-dir": str(tmp_path / "cache"), "outputs-dir": str(tmp_path / "out"), **overrides}
+    grid = InProcessGrid(num_clients, config, fail_nodes=fail_nodes)
+    fed = Federation(grid, round_timeout=60, min_reply_fraction=config.get("min-reply-fraction", 0.5))
+    folder = Experiment(fed, config).run()
+    with open(os.path.join(folder, "results.json")) as handle:
+        return json.load(handle), folder, grid
+
+
+def fractions_ok(entry):
+    return all(v is None or 0.0 <= v <= 1.0 for k, v in entry.items() if k != "equals_original")
+
+
+def test_retrain_run_writes_the_results_contract(tmp_path):
+    results, folder, _ = run(tmp_path, method="retrain", scenario="class")
+    assert set(results) >= {"run", "models", "resurfacing", "cost"}
+    assert results["run"]["method"] == "retrain" and results["run"]["num_clients"] == 4
+    for name in ("original", "unlearned", "continued"):
+        assert fractions_ok(results["models"][name])
+    # the retrain oracle never saw the forgotten class
+    assert results["models"]["unlearned"]["forget_acc"] == 0.0
+    res = results["resurfacing"]
+    assert len(res["kr_curve"]) == 2 and res["kr_unlearned"] == results["models"]["unlearned"]["forget_acc"]
+    cost = results["cost"]
+    assert cost["pretrain"]["rounds"] == 2 and cost["pretrain"]["bytes_up"] > 0 and cost["pretrain"]["bytes_down"] > 0
+    assert cost["unlearn"] == {**cost["built"]["retrain"]}
+    assert os.path.getsize(os.path.join(folder, "kr_curve.png")) > 1000
+    csv_lines = open(tmp_path / "out" / "results.csv").read().splitlines()
+    assert len(csv_lines) == 2 and csv_lines[0].startswith("time,task,method")
+
+
+def test_second_run_reuses_the_cached_original(tmp_path):
+    first, _, _ = run(tmp_path, method="none")
+    second, _, grid = run(tmp_path, method="none")
+    assert second["cost"]["pretrain"]["rounds"] == 0 and second["cost"]["pretrain"]["bytes_up"] == 0
+    assert second["models"]["original"] == first["models"]["original"]
+    assert second["cost"]["built"]["original"] == first["cost"]["built"]["original"]
+    assert len(open(tmp_path / "out" / "results.csv").read().splitlines()) == 3
+
+
+def test_failing_client_round_continues(tmp_path, caplog):
+    results, _, _ = run(tmp_path, method="none", fail_nodes=[2])
+    assert "node 1002 failed" in caplog.text
+    assert results["cost"]["pretrain"]["rounds"] == 2
+
+
+def test_too_many_failures_stop_naming_phase_and_round_and_cache_stays_clean(tmp_path):
+    with pytest.raises(RoundFailed, match="phase 'pretrain' round 1: only 1 of 4 nodes replied"):
+        run(tmp_path, method="none", fail_nodes=[0, 1, 2])
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").glob("*.pt"))
+
+
+def test_corrupt_cache_entry_is_recomputed(tmp_path):
+    run(tmp_path, method="none")
+    for path in (tmp_path / "cache").glob("original-*.pt"):
+        path.write_bytes(b"not a model")
+    results, _, _ = run(tmp_path, method="none")
+    assert results["cost"]["pretrain"]["rounds"] == 2
+
+
+def test_fedup_is_one_round_and_restores_exactly(tmp_path):
+    results, _, grid = run(tmp_path, method="fedup", scenario="class", **{"forget-class": 1})
+    assert results["cost"]["unlearn"]["rounds"] == 1
+    assert "query.centroids" in grid.sent_types
+    restored = results["models"]["restored"]
+    assert restored["equals_original"] is True
+    assert {k: v for k, v in restored.items() if k != "equals_original"} == results["models"]["original"]
+    assert results["method"]["privacy"]["clients"]
+
+
+def test_lethe_runs_its_three_phases(tmp_path):
+    results, _, grid = run(tmp_path, method="lethe", scenario="client", poison="backdoor")
+    details = results["method"]
+    assert "adapter_final_loss" in details and len(details["gamma_bounds"]) == 1
+    # amplify (1) + rectify (1) + restore (1) rounds
+    assert results["cost"]["unlearn"]["rounds"] == 3
+    assert math.isfinite(results["models"]["unlearned"]["test_acc"])
+
+
+def test_lethe_stops_clearly_when_the_forget_client_fails(tmp_path):
+    with pytest.raises(RoundFailed, match="phase 'unlearn' round 1"):
+        run(tmp_path, method="lethe", scenario="client", poison="backdoor", **{"forget-client": 1},
+            fail_nodes=[1])

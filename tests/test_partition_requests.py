@@ -1,0 +1,97 @@
+"""Partitions and unlearning requests on the offline default data."""
+
+import numpy as np
+import pytest
+import torch
+
+from tasks.config import parse_config
+from tasks.partition import dirichlet_partitions, train_test_split
+from tasks.registry import load_task_images
+from tasks.requests import build_client_data, resolve_forget_client
+
+N = 10
+
+
+@pytest.fixture(scope="module")
+def images():
+    return load_task_images("digits-lenet5", "", False)
+
+
+def _all(cfg, images, n=N):
+    return [build_client_data(cfg, images, i, n) for i in range(n)]
+
+
+def test_dirichlet_partitions_disjoint_cover_deterministic(images):
+    labels = images.y.numpy()
+    parts = dirichlet_partitions(labels, N, 0.5, seed=1)
+    joined = np.concatenate(parts)
+    assert len(joined) == len(labels) == len(np.unique(joined))
+    again = dirichlet_partitions(labels, N, 0.5, seed=1)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    other = dirichlet_partitions(labels, N, 0.5, seed=2)
+    assert any(not np.array_equal(a, b) for a, b in zip(parts, other))
+
+
+def test_low_alpha_is_more_skewed(images):
+    labels = images.y.numpy()
+
+    def mean_classes(alpha):
+        parts = dirichlet_partitions(labels, N, alpha, seed=0)
+        return np.mean([len(np.unique(labels[p])) for p in parts])
+
+    assert mean_classes(0.1) < mean_classes(100.0)
+
+
+def test_train_test_split_disjoint():
+    train, test = train_test_split(np.arange(50), 0.2, seed=3)
+    assert len(test) == 10 and len(train) == 40 and not set(train) & set(test)
+
+
+@pytest.mark.parametrize("n", [2, 3, 7])
+def test_any_federation_size(images, n):
+    cfg = parse_config({}, num_clients=n)
+    datas = _all(cfg, images, n)
+    assert sum(len(d.retain_y) + len(d.forget_y) + len(d.test_y) + len(d.forget_test_y) for d in datas) == len(images.y)
+
+
+def test_client_label_flip_forgets_largest_client(images):
+    cfg = parse_config({"scenario": "client", "poison": "label-flip"}, num_clients=N)
+    datas = _all(cfg, images)
+    sizes = [len(d.retain_y) + len(d.forget_y) for d in datas]
+    target = resolve_forget_client(cfg, images.y.numpy(), N)
+    assert target == int(np.argmax(sizes))
+    forget = datas[target]
+    assert len(forget.retain_y) == 0 and len(forget.forget_y) == sizes[target]
+    assert all(len(d.forget_y) == 0 for i, d in enumerate(datas) if i != target)
+    # the forget labels are the true labels shifted by one: check against the clean view
+    clean = build_client_data(parse_config({"scenario": "class", "forget-class": 0}, num_clients=N), images, target, N)
+    true = torch.cat([clean.retain_y, clean.forget_y])
+    assert sorted(((true + 1) % 10).tolist()) == sorted(forget.forget_y.tolist())
+
+
+def test_client_backdoor_triggers_every_sample(images):
+    cfg = parse_config({"scenario": "client", "poison": "backdoor", "forget-client": 2, "trigger-size": 4},
+                       num_clients=N)
+    data = build_client_data(cfg, images, 2, N)
+    assert torch.all(data.forget_y == 0)
+    assert torch.all(data.forget_x[:, :, -4:, -4:] == 1.0)
+    assert len(data.triggered_test_y) > 0 and torch.all(data.triggered_test_y != 0)
+
+
+def test_class_scenario_removes_class_everywhere(images):
+    cfg = parse_config({"scenario": "class", "forget-class": 3}, num_clients=N)
+    for d in _all(cfg, images):
+        assert torch.all(d.forget_y == 3) and torch.all(d.retain_y != 3)
+        assert torch.all(d.test_y != 3) and torch.all(d.forget_test_y == 3)
+
+
+def test_sample_scenario_fraction_and_target(images):
+    cfg = parse_config({"scenario": "sample", "sample-fraction": 0.2, "forget-client": 1}, num_clients=N)
+    d = build_client_data(cfg, images, 1, N)
+    total = len(d.retain_y) + len(d.forget_y)
+    assert len(d.forget_y) == round(0.2 * total)
+    assert torch.all(d.forget_y == 0) and torch.all(d.forget_x[:, :, -4:, -4:] == 1.0)
+    again = build_client_data(cfg, images, 1, N)
+    assert torch.equal(d.forget_x, again.forget_x)
+    others = [build_client_data(cfg, images, i, N) for i in (0, 2)]
+    assert all(len(o.forget_y) == 0 for o in others)

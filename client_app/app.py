@@ -15,6 +15,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from client_app import llm_client
 from client_app.fedup_client import centroid_release
 from client_app.state import client_view, load_model
 from tasks.lethe_adapter import train_adapter_ascent
@@ -30,6 +31,8 @@ app = ClientApp()
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
     """Client id and data counts, so the server can address roles by node."""
+    if llm_client.handles(context):
+        return llm_client.hello(msg, context)
     cfg, data, _ = client_view(context)
     counts = data.counts()
     counts["n-all"] = counts["n-retain"] + counts["n-forget"]
@@ -49,6 +52,8 @@ def _uploaded_state(model: torch.nn.Module, scope: str) -> dict[str, torch.Tenso
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Local training of the received model on the data of ``role`` with ``objective``."""
+    if llm_client.handles(context):
+        return llm_client.train(msg, context)
     cfg, data, device = client_view(context)
     conf = msg.content["config"]
     role, scope = str(conf["role"]), str(conf.get("scope", "all"))
@@ -71,6 +76,8 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Local forget/retain/test metrics of the received model."""
+    if llm_client.handles(context):
+        return llm_client.evaluate(msg, context)
     cfg, data, device = client_view(context)
     conf = msg.content["config"]
     model = load_model(cfg, msg.content["arrays"], str(conf.get("plugins", "")))

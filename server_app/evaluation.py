@@ -8,7 +8,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from strategies.base import ModelState
 from strategies.federation import Federation
-from tasks.config import Config
+from tasks.config import LLM_TASKS, Config
 from tasks.metrics import pool_metrics
 from tasks.plugins import specs_to_json
 from tasks.requests import uses_trigger
@@ -17,7 +17,8 @@ EVALUATE_PHASE = "evaluate"
 
 
 def evaluate_model(fed: Federation, cfg: Config, model: ModelState) -> dict:
-    """The results-contract entry (retain_acc, forget_acc, test_acc, mia, extras) of ``model``.
+    """The results-contract entry (retain_acc, forget_acc, test_acc, mia, extras) of ``model``
+    (LLM tasks: ``tasks.llm.federation_metrics.pool_llm_metrics``).
 
     Bytes and seconds are charged to the ``evaluate`` phase, whichever phase asked.
     """
@@ -30,6 +31,10 @@ def evaluate_model(fed: Federation, cfg: Config, model: ModelState) -> dict:
         replies = fed.broadcast(fed.all_nodes(), "evaluate", content, round_no=cost.rounds + 1)
         cost.rounds += 1
         per_client = [dict(reply.content["metrics"]) for reply in replies]
+        if cfg["task"] in LLM_TASKS:
+            from tasks.llm.federation_metrics import pool_llm_metrics
+
+            return pool_llm_metrics(per_client)
         return pool_metrics(per_client, seed=cfg["seed"], with_trigger=uses_trigger(cfg),
                             with_forget_test=cfg["scenario"] == "class")
     finally:

@@ -22,7 +22,8 @@ from strategies.federation import Federation
 from strategies.registry import method_for
 from tasks.config import Config, ConfigError, parse_config
 from tasks.diagnostics import resurfacing_summary
-from tasks.registry import build_model
+from tasks.llm.forget_quality import attach_forget_quality
+from tasks.registry import build_task_model, check_task_setup, task_cache_key
 
 log = logging.getLogger("fedunlearn")
 
@@ -46,6 +47,7 @@ class Experiment:
     def setup(self) -> None:
         """hello: learn node ids, client ids and counts; then the checks that need the federation."""
         self.fed.start_phase("setup")
+        check_task_setup(self.cfg, len(list(self.fed.grid.get_node_ids())))
         self.fed.hello(ConfigRecord({}))
         self.cfg = parse_config(self.run_config, num_clients=self.fed.num_clients)
         if not self.fed.nodes_with("n-forget"):
@@ -65,7 +67,7 @@ class Experiment:
                           label=label, after_round=after_round)
 
     def fresh_model(self) -> ArrayRecord:
-        return ArrayRecord(build_model(self.cfg["task"], [], seed=self.cfg["seed"]).state_dict())
+        return ArrayRecord(build_task_model(self.cfg, []).state_dict())
 
     def cached_fedavg(self, kind: str, role: str, rounds: int) -> ModelState:
         """Original (role all) or retrain (role retain) model: from the cache, else trained and stored.
@@ -73,7 +75,7 @@ class Experiment:
         The phase cost is what it took this run; ``built_cost[kind]`` is what building the model
         cost when it was trained (read back from the cache), which comparisons against it use.
         """
-        key = cache.model_key(kind, self.cfg, self.fed.num_clients)
+        key = {**cache.model_key(kind, self.cfg, self.fed.num_clients), **task_cache_key(self.cfg)}
         cost = self.fed.start_phase("pretrain" if kind == "original" else "retrain")
         started = time.perf_counter()
         cached = cache.load(self.cfg, key)
@@ -122,7 +124,7 @@ class Experiment:
         self.setup()
         original = self.cached_fedavg("original", "all", self.cfg["pretrain-rounds"])
         ctx = UnlearnContext(self.fed, self.cfg, original,
-                             model_factory=lambda plugins: build_model(self.cfg["task"], plugins, self.cfg["seed"]),
+                             model_factory=lambda plugins: build_task_model(self.cfg, plugins),
                              retrain=self.retrain)
 
         self.say(f"unlearn: method '{self.method.name}'")
@@ -138,7 +140,8 @@ class Experiment:
         self.say("evaluate: original, unlearned and retrain models")
         models = {"original": evaluate_model(self.fed, self.cfg, original),
                   "unlearned": evaluate_model(self.fed, self.cfg, result.model)}
-        kr_retrain = evaluate_model(self.fed, self.cfg, self.retrain())["forget_acc"]
+        retrain_entry = evaluate_model(self.fed, self.cfg, self.retrain())
+        kr_retrain = retrain_entry["forget_acc"]
 
         self.say(f"continue: {self.cfg['continue-rounds']} rounds on retained data")
         continued, curve = self.continue_training(result.model)
@@ -150,6 +153,7 @@ class Experiment:
             restored = self.method.restore(result.model, ctx)
             models["restored"] = evaluate_model(self.fed, self.cfg, restored)
             models["restored"]["equals_original"] = _same_model(restored, original)
+        attach_forget_quality(list(models.values()), retrain_entry)  # LLM task only
 
         resurfacing = resurfacing_summary(kr_original=models["original"]["forget_acc"],
                                           kr_unlearned=models["unlearned"]["forget_acc"],

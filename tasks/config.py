@@ -13,8 +13,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-TASKS = ("digits-lenet5", "mnist-lenet5", "cifar10-resnet18", "cifar100-resnet34", "cifar10-vit")
-METHODS = ("none", "retrain", "fedup", "lethe")
+LLM_TASKS = ("llm-tofu",)
+TASKS = ("digits-lenet5", "mnist-lenet5", "cifar10-resnet18", "cifar100-resnet34", "cifar10-vit") + LLM_TASKS
+LLM_METHODS = ("ga", "npo", "simnpo")
+METHODS = ("none", "retrain", "fedup", "lethe") + LLM_METHODS
 SCENARIOS = ("client", "class", "sample")
 POISONS = ("label-flip", "backdoor")
 OPTIMIZERS = ("adam", "sgd")
@@ -64,8 +66,8 @@ def _s(key: str, kind: type, default: Any, help: str, rule=None) -> Setting:
 SETTINGS: tuple[Setting, ...] = (
     # what to run
     _s("task", str, "digits-lenet5", "dataset + model", _one_of(TASKS)),
-    _s("method", str, "retrain", "unlearning method", _one_of(METHODS)),
-    _s("scenario", str, "client", "what is forgotten: one client, one class, or some samples",
+    _s("method", str, "fedup", "unlearning method", _one_of(METHODS)),
+    _s("scenario", str, "sample", "what is forgotten: one client, one class, or some samples",
        _one_of(SCENARIOS)),
     _s("poison", str, "label-flip", "how the leaving client's data is made measurable (client scenario)",
        _one_of(POISONS)),
@@ -76,17 +78,17 @@ SETTINGS: tuple[Setting, ...] = (
     _s("sample-fraction", float, 0.2,
        "share of the forget client's samples that carry the backdoor (sample scenario)", _open_unit(True)),
     _s("backdoor-target", int, 0, "label the backdoor trigger maps to", _at_least(0)),
-    _s("trigger-size", int, 4, "side in pixels of the white bottom-right trigger square", _positive()),
+    _s("trigger-size", int, 8, "side in pixels of the white bottom-right trigger square", _positive()),
     _s("seed", int, 42, "seed of every random choice: partitions, requests, init, sampling"),
     # federation and training
     _s("dirichlet-alpha", float, 0.5, "Dirichlet concentration of the non-IID label split", _positive()),
     _s("test-fraction", float, 0.2, "share of each client's partition kept as its local test split",
        _open_unit(False)),
-    _s("pretrain-rounds", int, 15, "FedAvg rounds that train the original model", _positive()),
+    _s("pretrain-rounds", int, 20, "FedAvg rounds that train the original model", _positive()),
     _s("retrain-rounds", int, 0, "FedAvg rounds of the retrain oracle; 0 = pretrain-rounds", _at_least(0)),
     _s("continue-rounds", int, 10, "FedAvg rounds on retained data after unlearning (resurfacing)",
        _at_least(0)),
-    _s("local-epochs", int, 2, "local epochs per training round", _positive()),
+    _s("local-epochs", int, 3, "local epochs per training round", _positive()),
     _s("batch-size", int, 32, "local mini-batch size", _positive()),
     _s("lr", float, 0.05, "local SGD learning rate", _positive()),
     _s("momentum", float, 0.9, "local SGD momentum", _at_least(0)),
@@ -135,6 +137,29 @@ SETTINGS: tuple[Setting, ...] = (
     _s("lethe-rectify-rounds", int, 5, "dual-stream rectification rounds", _at_least(0)),
     _s("lethe-restore-rounds", int, 3, "FedAvg rounds on retained clients after the adapter is dropped",
        _at_least(0)),
+    # LLM task (llm-tofu): TOFU-style fictitious authors, LoRA on a causal LM (docs/llm.md)
+    _s("llm-model", str, "tiny", "'tiny' (a small Llama built from config, offline) or a local HF model folder"),
+    _s("llm-data-dir", str, "", "folder of TOFU files (full.json, *_perturbed.json ...); empty = synthetic authors"),
+    _s("llm-num-authors", int, 20, "synthetic fictitious authors (offline data)", _positive()),
+    _s("llm-qa-per-author", int, 10, "synthetic QA pairs per author", ((lambda v: 1 <= v <= 20), "in 1..20")),
+    _s("llm-forget-fraction", float, 0.1, "share of authors forgotten in the sample scenario", _open_unit(True)),
+    _s("llm-lora-rank", int, 16, "LoRA rank r", _positive()),
+    _s("llm-lora-alpha", float, 32.0, "LoRA scaling alpha (update = alpha/r * B A)", _positive()),
+    _s("llm-target-modules", str, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+       "comma-separated linear modules that get LoRA adapters"),
+    _s("llm-load-in-4bit", bool, False, "load the base model in 4-bit NF4 (bitsandbytes, CUDA only)"),
+    _s("llm-local-epochs", int, 2, "local epochs per LLM training round (pretrain, retrain, continue, Lethe)",
+       _positive()),
+    _s("llm-lr", float, 3e-3, "local AdamW learning rate of the LoRA adapter", _positive()),
+    _s("llm-batch-size", int, 16, "local mini-batch size (QA pairs)", _positive()),
+    _s("llm-unlearn-epochs", int, 3, "epochs of the one-round ga/npo/simnpo unlearning on forget clients",
+       _positive()),
+    _s("llm-unlearn-lr", float, 1e-3, "learning rate of the ga/npo/simnpo unlearning", _positive()),
+    _s("llm-npo-beta", float, 0.1, "NPO beta", _positive()),
+    _s("llm-simnpo-beta", float, 2.5, "SimNPO beta", _positive()),
+    _s("llm-simnpo-gamma", float, 0.0, "SimNPO reward margin gamma", _at_least(0)),
+    _s("llm-max-new-tokens", int, 16, "greedy tokens generated per answer when evaluating", _positive()),
+    _s("llm-eval-batch-size", int, 32, "evaluation batch size", _positive()),
 )
 
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
@@ -160,7 +185,8 @@ class Config:
 
     @property
     def num_classes(self) -> int:
-        return NUM_CLASSES[self["task"]]
+        """Classes of a vision task; LLM tasks have none (class settings do not apply: 0 checks skipped)."""
+        return NUM_CLASSES.get(self["task"], 0)
 
     @property
     def rounds_of_retrain(self) -> int:
@@ -209,12 +235,33 @@ def parse_config(run_config: dict[str, Any], num_clients: int | None = None) -> 
     return cfg
 
 
+def _check_llm_combinations(cfg: Config) -> None:
+    """What the LLM task cannot do: classes, poisoning, FedUP, Lethe's (vision) adapter."""
+    if cfg["scenario"] == "class":
+        raise ConfigError(f"run-config 'scenario'='class' is not meaningful for task '{cfg['task']}': "
+                          "must be sample or client")
+    if cfg["poison"] != "label-flip":
+        raise ConfigError(f"run-config 'poison'={cfg['poison']!r} is not meaningful for task '{cfg['task']}': "
+                          "leave it at label-flip (it is ignored)")
+    if cfg["method"] == "fedup":
+        raise ConfigError(f"run-config 'method'='fedup' is not available for task '{cfg['task']}': "
+                          f"must be one of {', '.join(m for m in METHODS if m != 'fedup')}")
+    if cfg["method"] == "lethe" and cfg["lethe-adapter-steps"] != 0:
+        raise ConfigError(f"run-config 'lethe-adapter-steps'={cfg['lethe-adapter-steps']} is not allowed for task "
+                          f"'{cfg['task']}': must be 0 (Lethe rectifies the LoRA adapter directly)")
+
+
 def _check_combinations(cfg: Config, num_clients: int | None) -> None:
+    if cfg["task"] in LLM_TASKS:
+        _check_llm_combinations(cfg)
+    elif cfg["method"] in LLM_METHODS:
+        raise ConfigError(f"run-config 'method'={cfg['method']!r} needs an LLM task: task must be one of "
+                          f"{', '.join(LLM_TASKS)}")
     classes = cfg.num_classes
-    if cfg["forget-class"] >= classes:
+    if classes and cfg["forget-class"] >= classes:
         raise ConfigError(f"run-config 'forget-class'={cfg['forget-class']} is outside task "
                           f"'{cfg['task']}': must be in 0..{classes - 1}")
-    if cfg["backdoor-target"] >= classes:
+    if classes and cfg["backdoor-target"] >= classes:
         raise ConfigError(f"run-config 'backdoor-target'={cfg['backdoor-target']} is outside task "
                           f"'{cfg['task']}': must be in 0..{classes - 1}")
     if num_clients is not None:

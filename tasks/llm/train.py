@@ -115,7 +115,8 @@ def finetune(model, batches: Sequence[dict[str, torch.Tensor]], epochs: int, lr:
             order_rng.shuffle(order)
             total = 0.0
             for index in order:
-                batch = {key: value.to(device) for key, value in batches[index].items()}
+                batch = {key: value.to(device) if isinstance(value, torch.Tensor) else value
+                         for key, value in batches[index].items()}
                 loss = loss_fn(model, batch)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

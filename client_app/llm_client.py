@@ -1,0 +1,72 @@
+"""ClientApp handlers of the LLM task (``task='llm-tofu'``); ``client_app.app`` dispatches to them.
+
+Same messages as the vision task: ``query.hello`` -> client id and record counts; ``train``
+(config: role, objective ``ce``/``ascent``/``npo``/``simnpo``, optional ``llm-epochs`` / ``llm-lr``,
+else the run's ``llm-local-epochs`` / ``llm-lr``) -> the trained LoRA adapter + num-examples/loss;
+``evaluate`` -> the sums of ``tasks.llm.federation_metrics``. Only the LoRA adapter travels (the
+base model is rebuilt from the config on every node). The vision keys ``epochs`` / ``lr`` that
+shared strategies put into train configs are ignored here: LLM training has its own settings.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+from client_app.state import _node_partition
+from tasks.config import Config, parse_config
+from tasks.llm.federation_data import LLMClientData, build_llm_client_data, is_llm_task, load_author_records
+from tasks.llm.federation_metrics import client_llm_metrics
+from tasks.llm.federation_model import local_update, task_llm
+from tasks.llm.model import adapter_state, load_adapter_state
+from tasks.training import device_for
+
+
+def handles(context: Context) -> bool:
+    """Whether this run's task is an LLM task (its handlers are here)."""
+    return is_llm_task(str(context.run_config.get("task", "")))
+
+
+@lru_cache(maxsize=4)
+def _view(frozen_config: tuple, partition_id: int, num_partitions: int) -> tuple[Config, LLMClientData]:
+    cfg = parse_config(dict(frozen_config), num_clients=num_partitions)
+    return cfg, build_llm_client_data(cfg, load_author_records(cfg), partition_id, num_partitions)
+
+
+def _client(context: Context):
+    pid, n = _node_partition(context)
+    cfg, data = _view(tuple(sorted(context.run_config.items())), pid, n)
+    model, tokenizer, _ = task_llm(cfg, device_for())
+    return cfg, data, model, tokenizer
+
+
+def hello(msg: Message, context: Context) -> Message:
+    pid, n = _node_partition(context)
+    _, data = _view(tuple(sorted(context.run_config.items())), pid, n)
+    counts = data.counts()
+    counts["n-all"] = counts["n-retain"] + counts["n-forget"]
+    return Message(RecordDict({"hello": MetricRecord({"client-id": data.client_id, **counts})}), reply_to=msg)
+
+
+def train(msg: Message, context: Context) -> Message:
+    """Local (un)learning of the received adapter on the records of ``role``."""
+    cfg, data, model, tokenizer = _client(context)
+    conf = msg.content["config"]
+    load_adapter_state(model, msg.content["arrays"].to_torch_state_dict())
+    records = data.split(str(conf["role"]))
+    seed = cfg["seed"] * 1_000_003 + int(conf.get("server-round", 0)) * 1009 + data.client_id
+    loss = local_update(model, tokenizer, records, objective=str(conf.get("objective", "ce")), cfg=cfg,
+                        epochs=int(conf.get("llm-epochs", cfg["llm-local-epochs"])),
+                        lr=float(conf.get("llm-lr", cfg["llm-lr"])), seed=seed)
+    metrics = MetricRecord({"num-examples": len(records), "loss": float(loss)})
+    return Message(RecordDict({"arrays": ArrayRecord(adapter_state(model)), "metrics": metrics}), reply_to=msg)
+
+
+def evaluate(msg: Message, context: Context) -> Message:
+    """Sums and counts of the received adapter's metrics on this client's forget/retain records."""
+    cfg, data, model, tokenizer = _client(context)
+    load_adapter_state(model, msg.content["arrays"].to_torch_state_dict())
+    metrics = client_llm_metrics(model, tokenizer, data, max_new_tokens=cfg["llm-max-new-tokens"],
+                                 batch_size=cfg["llm-eval-batch-size"])
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

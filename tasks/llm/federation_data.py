@@ -1,0 +1,142 @@
+"""The LLM task's federation: which authors each client holds and which of them are forgotten.
+
+Records (TOFU format, ``tasks.llm.synthetic`` / ``tasks.llm.data``) are grouped by ``author``.
+Every client rebuilds the same assignment from the run config and the seed; raw QA pairs never
+leave a client.
+
+Author partition (deterministic from ``seed``; the papers do not say how TOFU is split):
+
+* ``scenario=client``: the authors are shuffled with ``random.Random(seed)`` and dealt into
+  contiguous near-equal chunks (the first ``A mod n`` chunks hold one author more); chunk ``j``
+  goes to client ``j``. The forget client's authors are all forgotten.
+* ``scenario=sample``: the forget set is the last ``k = max(1, round(llm-forget-fraction * A))``
+  authors in data order (on TOFU files that is exactly TOFU's ``forgetNN`` split, e.g. the last 20
+  of 200 authors for 0.1; synthetic authors are random anyway). The sequence *forget authors, then
+  the other authors shuffled* is dealt into the same near-equal chunks, chunk ``j`` going to client
+  ``(forget-client + j) mod n``: the forget authors live on the forget client, and spill over to
+  the next client(s) only when ``k`` exceeds one chunk.
+
+``forget-client=-1`` means client 0: with near-equal chunks it is the client with the most
+authors (ties: lowest id), as for the vision tasks' "largest client".
+
+Evaluation uses the records that carry perturbed answers (truth ratios need them): every synthetic
+record; on TOFU, the rows of ``full`` whose question appears in one of the ``*_perturbed`` splits
+found in ``llm-data-dir`` (TOFU ships perturbed answers for its forget splits and for 400 retain
+questions only).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.config import LLM_TASKS
+from tasks.llm import synthetic
+from tasks.llm.data import load_tofu_split
+
+PERTURBED_SPLITS = ("forget01_perturbed", "forget05_perturbed", "forget10_perturbed", "retain_perturbed")
+
+
+def is_llm_task(task: str) -> bool:
+    return task in LLM_TASKS
+
+
+@dataclass
+class LLMClientData:
+    """One client's QA records split by the request (``forget``: the forgotten authors' records)."""
+
+    client_id: int
+    authors: list[str]
+    retain: list[dict]
+    forget: list[dict]
+    forget_authors: list[str] = field(default_factory=list)
+
+    def split(self, role: str) -> list[dict]:
+        if role == "retain":
+            return self.retain
+        if role == "forget":
+            return self.forget
+        if role == "all":
+            return self.retain + self.forget
+        raise ValueError(f"role {role!r} is unknown: must be all, retain or forget")
+
+    def evaluable(self, role: str) -> list[dict]:
+        """Records of ``role`` that have perturbed answers (what the metrics can score)."""
+        return [r for r in self.split(role) if r.get("perturbed_answer")]
+
+    def counts(self) -> dict[str, int]:
+        return {"n-retain": len(self.retain), "n-forget": len(self.forget),
+                "n-eval-retain": len(self.evaluable("retain")), "n-eval-forget": len(self.evaluable("forget"))}
+
+
+def _tofu_records(data_dir: str) -> list[dict]:
+    """TOFU's ``full`` split with perturbed answers joined in (by question) from the perturbed splits."""
+    records = load_tofu_split(data_dir, "full")
+    extra: dict[str, dict] = {}
+    for split in PERTURBED_SPLITS:
+        folder = Path(data_dir)
+        if any((folder / f"{split}{s}").is_file() for s in (".json", ".jsonl", ".parquet")) or (folder / split).is_dir():
+            extra.update({r["question"]: r for r in load_tofu_split(data_dir, split)})
+    for record in records:
+        joined = extra.get(record["question"])
+        if joined is not None:
+            record["paraphrased_answer"] = joined["paraphrased_answer"]
+            record["perturbed_answer"] = joined["perturbed_answer"]
+    return records
+
+
+def load_author_records(cfg) -> list[dict]:
+    """All QA records of the task: synthetic authors (offline default) or TOFU files in ``llm-data-dir``."""
+    if cfg["llm-data-dir"]:
+        return _tofu_records(cfg["llm-data-dir"])
+    return synthetic.fictitious_authors(cfg["llm-num-authors"], cfg["llm-qa-per-author"], seed=cfg["seed"])
+
+
+def authors_in_order(records: list[dict]) -> list[str]:
+    """Distinct authors in order of first appearance."""
+    return list(dict.fromkeys(r["author"] for r in records))
+
+
+def forget_client_of(cfg) -> int:
+    return max(cfg["forget-client"], 0)
+
+
+def author_partition(cfg, authors: list[str], num_clients: int) -> tuple[list[list[str]], list[str]]:
+    """(authors of each client, forgotten authors) per the module docstring."""
+    if len(authors) < num_clients:
+        raise ValueError(f"the data has {len(authors)} authors but the federation {num_clients} clients: "
+                         "raise llm-num-authors (every client needs at least one author)")
+    fc = forget_client_of(cfg)
+    rng = random.Random(cfg["seed"])
+    if cfg["scenario"] == "sample":
+        k = max(1, round(cfg["llm-forget-fraction"] * len(authors)))
+        forgotten = authors[len(authors) - k:]
+        rest = authors[: len(authors) - k]
+        rng.shuffle(rest)
+        sequence, first_client = forgotten + rest, fc
+    else:
+        sequence = list(authors)
+        rng.shuffle(sequence)
+        first_client, forgotten = 0, []
+    base, extra = divmod(len(sequence), num_clients)
+    parts: list[list[str]] = [[] for _ in range(num_clients)]
+    start = 0
+    for j in range(num_clients):
+        size = base + (1 if j < extra else 0)
+        parts[(first_client + j) % num_clients] = sequence[start:start + size]
+        start += size
+    if cfg["scenario"] == "client":
+        forgotten = list(parts[fc])
+    return parts, forgotten
+
+
+def build_llm_client_data(cfg, records: list[dict], partition_id: int, num_partitions: int) -> LLMClientData:
+    """Client ``partition_id``'s retain and forget records."""
+    parts, forgotten = author_partition(cfg, authors_in_order(records), num_partitions)
+    mine, gone = set(parts[partition_id]), set(forgotten)
+    own = [r for r in records if r["author"] in mine]
+    return LLMClientData(client_id=partition_id, authors=parts[partition_id],
+                         retain=[r for r in own if r["author"] not in gone],
+                         forget=[r for r in own if r["author"] in gone],
+                         forget_authors=sorted(mine & gone))

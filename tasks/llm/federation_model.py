@@ -1,0 +1,88 @@
+"""The LLM task's model on a node, what the server sees of it, and one local (un)learning update.
+
+Every node (server and clients) builds the same base model from the run config with the run
+seed (``tasks.llm.model.build_llm``: the tiny Llama's weights and the fresh LoRA ``A`` are
+functions of the seed), so only the LoRA adapter has to cross the grid. The built model is cached
+per process (Ray keeps a simulated client alive across rounds; in-process runs share it): the
+frozen base never changes and each message loads its adapter before use, so sharing is safe.
+
+The server never runs the LLM: :class:`AdapterModel` exposes the adapter's tensors under the
+names that travel (``state_dict`` / ``named_parameters``), which is all FedAvg, the cache and
+Lethe's layer-wise rectification need (every adapter tensor is a parameter; there are no buffers).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Iterator
+
+import torch
+
+from tasks.llm.model import adapter_state, build_llm
+from tasks.llm.objectives import attach_reference_logprobs, make_objective
+from tasks.llm.train import finetune, qa_batches
+
+OBJECTIVE_NAMES = ("ce", "ascent", "npo", "simnpo")
+
+
+def target_modules(cfg) -> tuple[str, ...]:
+    """``llm-target-modules`` as a tuple of module names."""
+    return tuple(name.strip() for name in cfg["llm-target-modules"].split(",") if name.strip())
+
+
+@lru_cache(maxsize=2)
+def _built(model: str, rank: int, alpha: float, targets: tuple[str, ...], load_in_4bit: bool, seed: int,
+           device: str):
+    peft_model, tokenizer = build_llm(model, lora_rank=rank, lora_alpha=alpha, target_modules=targets,
+                                      load_in_4bit=load_in_4bit, seed=seed)
+    if not load_in_4bit:
+        peft_model.to(torch.device(device))
+    return peft_model, tokenizer, adapter_state(peft_model)
+
+
+def task_llm(cfg, device: torch.device | None = None):
+    """(peft model, tokenizer, initial adapter state) of the run, built once per process."""
+    device = device or torch.device("cpu")
+    return _built(cfg["llm-model"], cfg["llm-lora-rank"], cfg["llm-lora-alpha"], target_modules(cfg),
+                  cfg["llm-load-in-4bit"], cfg["seed"], str(device))
+
+
+class AdapterModel:
+    """The server's view of the LLM: the fresh LoRA adapter's tensors, under the names that travel."""
+
+    def __init__(self, initial_adapter: dict[str, torch.Tensor]):
+        self._state = initial_adapter
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in self._state.items()}
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.state_dict().items())
+
+
+def server_adapter_model(cfg) -> AdapterModel:
+    """The fresh adapter of the run (what pretraining and the retrain oracle start from)."""
+    return AdapterModel(task_llm(cfg)[2])
+
+
+def local_update(model, tokenizer, records: list[dict], *, objective: str, cfg, epochs: int, lr: float,
+                 seed: int) -> float:
+    """Train the adapter on ``records`` with ``objective``; the mean loss of the last epoch.
+
+    ``ce`` is fine-tuning; ``ascent`` / ``npo`` / ``simnpo`` are the unlearning objectives of
+    ``tasks.llm.objectives`` (NPO's beta ``llm-npo-beta``, SimNPO's ``llm-simnpo-beta`` /
+    ``llm-simnpo-gamma``). NPO's reference is the received model (adapter included), computed once
+    before the first step.
+    """
+    if objective not in OBJECTIVE_NAMES:
+        raise ValueError(f"objective {objective!r} is not an LLM objective: must be one of {', '.join(OBJECTIVE_NAMES)}")
+    params = {"npo": {"beta": cfg["llm-npo-beta"]},
+              "simnpo": {"beta": cfg["llm-simnpo-beta"], "gamma": cfg["llm-simnpo-gamma"]}}.get(objective, {})
+    loss_fn = make_objective(objective, **params)
+    batches = qa_batches(records, tokenizer, cfg["llm-batch-size"], seed)
+    if objective == "npo":
+        device = next(model.parameters()).device
+        on_device = [{k: v.to(device) for k, v in b.items()} for b in batches]
+        batches = attach_reference_logprobs(model, on_device, disable_adapter=False)
+    history = finetune(model, batches, epochs, lr, seed, loss_fn=lambda m, b: loss_fn(m, b))
+    return history[-1] if history else float("nan")

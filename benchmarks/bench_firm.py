@@ -1,4 +1,5 @@
-"""Time FIRM's server-side merge and its retention projection side by side on a synthetic layout.
+"""Time FIRM's server-side merge and its retention projection side by side on a synthetic layout, and
+the client-side Fisher estimation (batched per-sequence gradients vs a plain per-sequence loop).
 
 Default layout = the paper's WMDP adapter: down_proj of layers 5-7 of a 7B model, i.e. three float32
 tensors of 14336 x 4096 (~235 MB each, ~700 MB per client copy). Task vectors are LoRA products
@@ -6,8 +7,13 @@ tensors of 14336 x 4096 (~235 MB each, ~700 MB per client copy). Task vectors ar
 gradients). The budget epsilon is 0.3 x the mean no-projection damage over retain clients and
 tensors, the calibration of the paper's Table 8, so the projection is active.
 
-    python benchmarks/bench_firm.py --quick               # small layout, seconds on a CPU
-    python benchmarks/bench_firm.py --device cuda         # full size (about 6 GB of host/device memory)
+Each stage runs ``--repeats`` times and the fastest run counts (the machine may be shared); times are
+process CPU seconds (``--clock wall`` for wall-clock), so other processes' load does not distort them.
+
+    python benchmarks/bench_firm.py --quick                  # 3 x 1024 x 256, seconds on a CPU
+    python benchmarks/bench_firm.py --shape 4096 1024        # medium
+    python benchmarks/bench_firm.py                          # full size (~6 GB of memory)
+    python benchmarks/bench_firm.py --quick --fisher         # also: Fisher time per batch, tiny model
 """
 
 from __future__ import annotations
@@ -40,49 +46,43 @@ def synthetic_upload(shapes: dict[str, tuple[int, int]], generator: torch.Genera
     return task_vector, fisher
 
 
-def timed(fn, device: torch.device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    result = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return result, time.perf_counter() - start
+def timed(fn, device: torch.device, repeats: int, clock):
+    """``(result of the last run, fastest time)`` over ``repeats`` runs of ``fn``."""
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = clock()
+        result = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, clock() - start)
+    return result, best
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help=f"small layout: 3 tensors of {QUICK_SHAPE}")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--forget-clients", type=int, default=1)
-    parser.add_argument("--retain-clients", type=int, default=2, help="m, the constraints per tensor")
-    parser.add_argument("--gamma", type=float, default=1.0)
-    parser.add_argument("--alpha", type=float, default=0.1)
-    parser.add_argument("--eps0", type=float, default=1e-8)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-
-    device = torch.device(args.device)
-    shape = QUICK_SHAPE if args.quick else FULL_SHAPE
+def bench_merge_and_projection(args, device: torch.device, clock) -> None:
+    shape = tuple(args.shape) if args.shape else (QUICK_SHAPE if args.quick else FULL_SHAPE)
     shapes = {f"model.layers.{i}.mlp.down_proj": shape for i in (5, 6, 7)}
     generator = torch.Generator(device=device).manual_seed(args.seed)
     forget = [synthetic_upload(shapes, generator, device) for _ in range(args.forget_clients)]
     retain = [synthetic_upload(shapes, generator, device) for _ in range(args.retain_clients)]
 
-    (base, constraints), merge_s = timed(
-        lambda: firm_merge(
+    def merge():
+        return firm_merge(
             [tv for tv, _ in forget], [f for _, f in forget], ["forget"] * len(forget),
             [tv for tv, _ in retain], [f for _, f in retain], args.gamma, args.alpha, args.eps0,
-        ),
-        device,
-    )
+        )
+
+    (base, constraints), merge_s = timed(merge, device, args.repeats, clock)
     damages = [proxy_damage(base[n], f) for n in base for f in constraints[n]]
     epsilon = 0.3 * sum(damages) / len(damages)
-    (projected, reports), project_s = timed(lambda: firm_project_all(base, constraints, epsilon), device)
+    (projected, reports), project_s = timed(lambda: firm_project_all(base, constraints, epsilon), device,
+                                            args.repeats, clock)
 
     name = device.type if device.type != "cuda" else f"cuda ({torch.cuda.get_device_name(device)})"
-    print(f"device: {name}; torch threads: {torch.get_num_threads()}")
-    print(f"layout: {len(shapes)} x {shape} float32, {args.forget_clients} forget + {args.retain_clients} retain clients")
+    print(f"device: {name}; torch threads: {torch.get_num_threads()}; clock: {args.clock}; best of {args.repeats}")
+    clients = f"{args.forget_clients} forget + {args.retain_clients} retain clients"
+    print(f"layout: {len(shapes)} x {shape} float32, {clients}")
     print(f"epsilon: {epsilon:.3e} (0.3 x mean no-projection damage)")
     print(f"merge:      {merge_s:9.3f} s")
     print(f"projection: {project_s:9.3f} s  (m = {args.retain_clients})")
@@ -91,6 +91,55 @@ def main() -> None:
     print(f"worst KKT residual: {worst:.2e}; iterations per tensor: {[r.iterations for r in reports.values()]}")
     print(f"multipliers per tensor: {[[f'{v:.3g}' for v in r.lambdas] for r in reports.values()]}")
     del projected
+
+
+def bench_fisher(args, device: torch.device, clock) -> None:
+    """Fisher time per batch (one sequence = one Fisher batch, paper App. C) on the tiny model."""
+    from tasks.llm.fisher import diagonal_fisher, per_sample_fisher_loop
+    from tasks.llm.model import build_llm
+    from tasks.llm.synthetic import fictitious_authors
+    from tasks.llm.train import qa_batches
+
+    model, tokenizer = build_llm("tiny", seed=args.seed)
+    model.to(device)
+    batches = qa_batches(fictitious_authors(4, 20, seed=args.seed), tokenizer, batch_size=8, seed=args.seed)
+    n = args.fisher_batches
+    batched, batched_s = timed(lambda: diagonal_fisher(model, batches, num_batches=n), device, args.repeats, clock)
+    looped, loop_s = timed(lambda: per_sample_fisher_loop(model, batches, num_batches=n), device, args.repeats, clock)
+    gap = max(float((batched[k] - looped[k]).detach().abs().max() / looped[k].detach().abs().max().clamp(min=1e-30))
+              for k in looped)
+    print(f"fisher (tiny model, {len(looped)} adapted weights, {n} batches of one sequence):")
+    print(f"  batched per-sequence gradients: {1e3 * batched_s / n:8.2f} ms per batch")
+    print(f"  plain per-sequence loop:        {1e3 * loop_s / n:8.2f} ms per batch")
+    print(f"  speed-up {loop_s / batched_s:.2f}x; max relative difference {gap:.1e}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=f"small layout: 3 tensors of {QUICK_SHAPE}")
+    parser.add_argument("--shape", type=int, nargs=2, metavar=("ROWS", "COLS"), help="tensor shape (overrides --quick)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--forget-clients", type=int, default=1)
+    parser.add_argument("--retain-clients", type=int, default=2, help="m, the constraints per tensor")
+    parser.add_argument("--gamma", type=float, default=1.0)
+    parser.add_argument("--alpha", type=float, default=0.1)
+    parser.add_argument("--eps0", type=float, default=1e-8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per stage; the fastest counts")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="process CPU time or wall clock")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--fisher", action="store_true", help="also time the Fisher estimation on the tiny model")
+    parser.add_argument("--fisher-batches", type=int, default=20)
+    args = parser.parse_args()
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    clock = time.process_time if args.clock == "cpu" and device.type == "cpu" else time.perf_counter
+    bench_merge_and_projection(args, device, clock)
+    if args.fisher:
+        bench_fisher(args, device, clock)
 
 
 if __name__ == "__main__":

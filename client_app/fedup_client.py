@@ -1,11 +1,19 @@
 """FedUP's client side (paper 000, sec. 3.2.2): DP class centroids of the retained features.
 
 With the frozen extractor (and any earlier plug-ins) of the received model, the client embeds its
-data, drops its forget set — except in the class scenario, where the forgotten class's features
-are kept (the server diverts them to the other classes, paper sec. 4.2) — clips every feature to
-``fedup-clip``, compresses each class into ceil(rho * n) KMeans centroids, and adds Gaussian
-noise whose scale is ``fedup-sigma`` or is calibrated to (``fedup-epsilon``, ``fedup-delta``).
-It replies with centroids, labels, cluster sizes and the privacy it spent.
+retained data, clips every feature to ``fedup-clip``, compresses each class into ceil(rho * n)
+KMeans centroids, and adds Gaussian noise whose scale is ``fedup-sigma`` or is calibrated to
+(``fedup-epsilon``, ``fedup-delta``). It replies with centroids, labels, cluster sizes, a
+``forget`` flag per centroid and the privacy it spent.
+
+Forget features (``fedup-forget-centroids``): the paper drops them (eq. 8) except in the class
+scenario, where the forgotten class's features are kept and relabelled to other classes (sec.
+4.2) so the filter learns to *divert* them. ``divert`` (default) applies that same rule to every
+scenario: the forget set's features are compressed the same way, flagged, and the server trains
+the filter to send them away from the label they were trained with (the flipped label, the
+backdoor target, the forgotten class). Measured on digits: with ``drop`` the filter leaves a
+backdoor intact (forget accuracy 1.0 after unlearning), because nothing in the retained centroids
+tells it what to block. ``drop`` is the paper's literal eq. 8.
 """
 
 from __future__ import annotations
@@ -33,21 +41,30 @@ def fedup_rho(cfg: Config) -> float:
 def centroid_release(cfg: Config, data: ClientData, model: torch.nn.Module) -> RecordDict:
     """The ``query.centroids`` reply content of one client (``seconds``: its compute time)."""
     started = time.perf_counter()
-    x, y = data.retain_x, data.retain_y
-    if cfg["scenario"] == "class":
-        x, y = torch.cat([x, data.forget_x]), torch.cat([y, data.forget_y])
-    features = clip_rows(penultimate_features(model, x), cfg["fedup-clip"])
     seed = cfg["seed"] * 7919 + data.client_id
-    centroids, labels, counts = class_centroids(features, y, rho=fedup_rho(cfg), seed=seed)
+    parts = [(data.retain_x, data.retain_y, False)]
+    if cfg["fedup-forget-centroids"] == "divert":
+        parts.append((data.forget_x, data.forget_y, True))
+    centroids, labels, counts, flags = [], [], [], []
+    for x, y, is_forget in parts:
+        if len(y) == 0:
+            continue
+        features = clip_rows(penultimate_features(model, x), cfg["fedup-clip"])
+        c, l, n = class_centroids(features, y, rho=fedup_rho(cfg), seed=seed + int(is_forget))
+        centroids.append(c), labels.append(l), counts.append(n)
+        flags.append(torch.full((len(l),), int(is_forget), dtype=torch.long))
+    centroids, labels, counts, flags = (torch.cat(t) for t in (centroids, labels, counts, flags))
+    n_used = int(counts.sum())
     sensitivity = centroid_sensitivity(cfg["fedup-clip"], counts, bound=cfg["fedup-dp-bound"])
     delta = cfg["fedup-delta"]
     sigma = cfg["fedup-sigma"] or calibrate_sigma(cfg["fedup-epsilon"], delta, sensitivity)
     noisy = add_gaussian_noise(centroids, sigma, seed=seed + 1) if sigma > 0 else centroids
     epsilon = epsilon_spent(sigma, delta, sensitivity) if sigma > 0 else math.inf
-    eq22 = paper_eq22_epsilon(sigma, len(y), sensitivity) if sigma > 0 else math.inf
+    eq22 = paper_eq22_epsilon(sigma, n_used, sensitivity) if sigma > 0 else math.inf
     return RecordDict({
-        "centroids": ArrayRecord({"centroids": noisy.float(), "labels": labels.long(), "counts": counts.long()}),
-        "metrics": MetricRecord({"num-examples": len(y), "sigma": float(sigma), "epsilon": float(epsilon),
+        "centroids": ArrayRecord({"centroids": noisy.float(), "labels": labels.long(), "counts": counts.long(),
+                                  "forget": flags}),
+        "metrics": MetricRecord({"num-examples": n_used, "sigma": float(sigma), "epsilon": float(epsilon),
                                  "delta": float(delta), "epsilon-eq22": float(eq22),
                                  "sensitivity": float(sensitivity), "num-centroids": int(len(labels)),
                                  "seconds": time.perf_counter() - started}),

@@ -7,9 +7,10 @@ rest (eq. 12), and trains a fresh encoder-decoder filter on them with alpha*CE +
 (eqs. 16-19), extractor, earlier plug-ins and head frozen. The filter is appended to the model's
 plug-ins, between extractor and head; the base weights are never touched.
 
-Class scenario: centroids of the forgotten class are kept and get targets spread over the other
-classes (``fedup-targets=soft``, the expectation of the paper's random relabelling, which is
-fragile — see ``tasks.centroids.divert_targets``) or one random other class each (``random``).
+Forget centroids (flagged by the clients, ``fedup-forget-centroids=divert``; see
+``client_app.fedup_client``) get targets spread over the classes other than their trained label
+(``fedup-targets=soft``, the expectation of the paper's random relabelling, which is fragile —
+see ``tasks.centroids.divert_targets``) or one random other class each (``random``).
 
 Several requests **stack**: each adds its own filter after the existing ones, trained on the
 features those produce. ``restore`` removes the filter this request added (the last one) and gives
@@ -31,7 +32,7 @@ from flwr.serverapp.strategy import FedAvg
 from strategies.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
 from strategies.federation import RunStopped
 from strategies.fedup_math import aggregate_centroids, validate_centroid_upload
-from tasks.centroids import divert_targets, relabel_forget_class
+from tasks.centroids import divert_targets, relabel_forget_rows
 from tasks.fedup_filter import train_filter
 from tasks.model import PLUGIN_PREFIX
 from tasks.plugins import specs_to_json
@@ -55,7 +56,7 @@ class FedUP(FedAvg, UnlearningMethod):
     def collect(self, ctx: UnlearnContext) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Query the retained clients once; validated, concatenated centroids and privacy report."""
         cfg, fed = ctx.cfg, ctx.fed
-        role_key = "n-all" if cfg["scenario"] == "class" else "n-retain"
+        role_key = "n-all" if cfg["fedup-forget-centroids"] == "divert" else "n-retain"
         content = RecordDict({"arrays": ctx.original.arrays,
                               "config": ConfigRecord({"plugins": specs_to_json(ctx.original.plugins)})})
         replies = fed.broadcast(fed.nodes_with(role_key), "query.centroids", content, round_no=1)
@@ -68,37 +69,40 @@ class FedUP(FedAvg, UnlearningMethod):
             reason = validate_centroid_upload(record.get("centroids", torch.zeros(0)),
                                               record.get("labels", torch.zeros(0)),
                                               feature_dim=feature_dim, num_classes=cfg.num_classes)
+            flags = record.get("forget")
+            if reason is None and (flags is None or flags.shape != record["labels"].shape
+                                   or bool(((flags != 0) & (flags != 1)).any())):
+                reason = "forget flags missing, mis-shaped or not 0/1"
             if reason is not None:
                 log.warning("[fedup] dropping the upload of client %d: %s", client, reason)
                 dropped[client] = reason
                 continue
-            uploads.append((record["centroids"], record["labels"]))
+            uploads.append((record["centroids"], record["labels"], record["forget"].bool()))
             privacy[client] = {k: reply.content["metrics"][k]
                                for k in ("epsilon", "epsilon-eq22", "delta", "sigma", "num-centroids", "seconds")}
         if not uploads:
             raise NoUsableCentroids("phase 'unlearn': no retained client sent usable centroids "
                                     f"({len(dropped)} upload(s) dropped): FedUP cannot train its filter")
-        centroids, labels = aggregate_centroids(uploads)
-        return centroids, labels, {"clients": privacy, "dropped": dropped}
+        centroids, labels = aggregate_centroids([(c, y) for c, y, _ in uploads])
+        forget = torch.cat([f for _, _, f in uploads])
+        return centroids, labels, forget, {"clients": privacy, "dropped": dropped}
 
-    def targets(self, ctx: UnlearnContext, labels: torch.Tensor) -> torch.Tensor:
-        """Training targets: the labels, with the forgotten class diverted in the class scenario."""
+    def targets(self, ctx: UnlearnContext, labels: torch.Tensor, forget: torch.Tensor) -> torch.Tensor:
+        """Training targets: the labels, with forget centroids diverted to the other classes."""
         cfg = ctx.cfg
-        if cfg["scenario"] != "class":
-            return labels
         if cfg["fedup-targets"] == "soft":
-            return divert_targets(labels, cfg["forget-class"], cfg.num_classes)
-        return relabel_forget_class(labels, cfg["forget-class"], cfg.num_classes, seed=cfg["seed"])
+            return divert_targets(labels, forget, cfg.num_classes)
+        return relabel_forget_rows(labels, forget, cfg.num_classes, seed=cfg["seed"])
 
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         cfg = ctx.cfg
-        centroids, labels, privacy = self.collect(ctx)
+        centroids, labels, forget, privacy = self.collect(ctx)
         spec = {"kind": "fedup-filter", "bottleneck": cfg["fedup-bottleneck"], "seed": cfg["seed"]}
         plugins = ctx.original.plugins + [spec]
         model = ctx.model_factory(plugins)
         model.load_state_dict({**model.state_dict(), **ctx.original.arrays.to_torch_state_dict()})
         started = time.perf_counter()
-        history = train_filter(model.plugins[-1], model.head, centroids, self.targets(ctx, labels),
+        history = train_filter(model.plugins[-1], model.head, centroids, self.targets(ctx, labels, forget),
                                alpha=cfg["fedup-alpha"], epochs=cfg["fedup-epochs"], lr=cfg["fedup-lr"],
                                batch_size=cfg["fedup-batch-size"], optimizer=cfg["fedup-optimizer"],
                                seed=cfg["seed"])
@@ -108,7 +112,7 @@ class FedUP(FedAvg, UnlearningMethod):
                  len(labels), len(privacy["clients"]), max(epsilons))
         details = {"privacy": privacy, "filter_seconds": round(filter_seconds, 4),
                    "centroid_seconds": {c: round(p["seconds"], 4) for c, p in privacy["clients"].items()},
-                   "num_centroids": int(len(labels)),
+                   "num_centroids": int(len(labels)), "num_forget_centroids": int(forget.sum()),
                    "centroids_per_class": dict(sorted(Counter(labels.tolist()).items())),
                    "filter_final_loss": {k: v[-1] for k, v in history.items()},
                    "max_epsilon": max(epsilons) if all(math.isfinite(e) for e in epsilons) else None}

@@ -28,15 +28,18 @@ Pipeline (paper 002, Sec. 4.2 and Appendix B/C), applied per named tensor:
        dg/dlambda_k = b_k(x(lambda)) - epsilon,
        d2g/dlambda_k dlambda_l = -2 sum_j base_j^2 F_k(j) F_l(j) / (1 + s_j)^3.
 
-   m = 1 is solved on the scalar boundary equation b_1 = eps by a bracketing root finder (bisection
-   safeguarding Newton and chord steps, valid because b_1 is convex decreasing); m > 1 by an exact
-   dual solver (exact coordinate ascent sweeps + projected Newton with Armijo backtracking; multipliers
-   may go down as well as up) that stops on a KKT certificate (see ``ProjectionReport``) or, reported
-   there, at the iteration limit / rounding floor.
+   m = 1 is solved on the scalar boundary equation b_1 = eps by Newton's method on b_1^(-1/2), which is
+   concave and increasing in lambda (a trust-region secular equation), so it converges monotonically
+   and quadratically from lambda = 0; m > 1 by an exact dual solver (a rough coordinate sweep, then
+   projected Newton with Armijo backtracking, exact sweeps as fallback; multipliers may go down as
+   well as up) that stops on a KKT certificate (see ``ProjectionReport``) or, reported there, at the
+   iteration limit / rounding floor.
 
-The solver works in float64 on the support where ``base != 0`` and some ``F_k > 0`` (elsewhere the
-coordinate is untouched and contributes nothing to any b_k). Unlike the paper's implementation no extra
-``eps0`` is added to the denominator ``1 + s``: it is >= 1 already.
+The solver works in float64 on the support where some ``F_k > 0`` (elsewhere the coordinate is
+untouched and contributes nothing to any b_k), gathered once; the Top-alpha sparsification keeps that
+support at most m * alpha of the tensor. Value, gradient and Hessian of the dual come from one fused
+pass over it. Unlike the paper's implementation no extra ``eps0`` is added to the denominator
+``1 + s``: it is >= 1 already.
 """
 
 from __future__ import annotations
@@ -268,13 +271,16 @@ class KKTResiduals:
     """Certificate of optimality of a projection (all dimensionless; 0 at the exact optimum).
 
     primal_infeasibility:     max_k max(0, b_k - eps) / eps
-    complementary_slackness:  max_k lambda_k |b_k - eps| / ||base||^2  (each term is that constraint's
+    complementary_slackness:  max_k lambda_k |b_k - eps| / ||base_S||^2  (each term is that constraint's
                               share of the duality gap, relative to the squared size of the base merge;
                               ``lambda_k |b_k - eps| / eps`` is not scale-free: lambda has units 1/F.
-                              Since eps * sum_k lambda_k <= ||base||^2 at the dual optimum, this is
+                              base_S = base on the support S where some F_k > 0, the only part the
+                              constraints see; since eps * sum_k lambda_k <= ||base_S||^2 at the dual
+                              optimum, this is
                               <= max_k |b_k - eps| / eps for every active constraint.)
     dual_infeasibility:       max_k max(0, -lambda_k)
-    stationarity:             max_j |x_j (1 + sum_k lambda_k F_k(j)) - base_j| / max_j |base_j|
+    stationarity:             max_{j in S} |x_j (1 + sum_k lambda_k F_k(j)) - base_j| / max_{j in S} |base_j|
+                              (off S the delivered x equals base exactly)
     """
 
     primal_infeasibility: float
@@ -314,32 +320,41 @@ class _Dual:
 
     def __init__(self, b2: torch.Tensor, F: torch.Tensor, epsilon: float):
         self.b2 = b2
+        self.b2_sum = float(b2.sum())
         self.F = F
         self.epsilon = epsilon
         self.m = F.shape[0]
         self.own = []
         for k in range(self.m):
             positions = (F[k] > 0).nonzero().squeeze(1)
-            fk = F[k, positions]
-            self.own.append((positions, fk, fk * b2[positions]))
-
-    def s(self, lam: torch.Tensor) -> torch.Tensor:
-        return lam @ self.F
+            fk = F[k].index_select(0, positions)
+            self.own.append((positions, fk, fk * b2.index_select(0, positions)))
+        # Work buffers reused by every evaluation: fresh multi-megabyte tensors cost page faults.
+        self._u = torch.empty_like(b2)
+        self._d = torch.empty_like(b2)
+        self._e = torch.empty_like(b2)
+        largest = max(fk.numel() for _, fk, _ in self.own)
+        self._inv = torch.empty(largest, dtype=b2.dtype, device=b2.device)
+        self._w = torch.empty_like(self._inv)
 
     def evaluate(self, lam: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
         """Dual value, damages b_k(x(lambda)) (the gradient is damages - eps) and Hessian, one pass.
 
         With ``u = 1 / (1 + s)``: value ``sum b2 (1 - u) - eps sum lambda``, damages ``F @ (b2 u^2)``,
-        Hessian ``-2 (F * b2 u^3) @ F^T``.
+        Hessian ``H_kl = -2 sum_j F_k F_l b2 u^3``.
         """
-        u = (1 + self.s(lam)).reciprocal_()
-        d = self.b2 * u
-        value = float(self.b2.sum() - d.sum()) - self.epsilon * float(lam.sum())
+        u, d, e = self._u, self._d, self._e
+        torch.mv(self.F.t(), lam, out=u)
+        u.add_(1).reciprocal_()
+        torch.mul(self.b2, u, out=d)
+        value = self.b2_sum - float(d.sum()) - self.epsilon * float(lam.sum())
         d.mul_(u)
         damages = self.F @ d
-        d.mul_(u)
-        hessian = -2.0 * (self.F * d) @ self.F.T
-        return value, damages, hessian
+        u.mul_(d)
+        hessian = torch.empty(self.m, self.m, dtype=lam.dtype, device=lam.device)
+        for k in range(self.m):
+            hessian[k] = self.F @ torch.mul(self.F[k], u, out=e)
+        return value, damages, hessian.mul_(-2.0)
 
     def maximise_coordinate(self, lam: torch.Tensor, k: int, tolerance: float = 1e-13) -> tuple[torch.Tensor, int]:
         """Maximiser over lambda_k >= 0 with the others fixed: the root of b_k = eps, or 0.
@@ -354,13 +369,16 @@ class _Dual:
         number of b_k evaluations.
         """
         positions, fk, weighted = self.own[k]
-        rest = 1 + self.s(lam)[positions] - lam[k] * fk
+        n = fk.numel()
+        rest = (lam @ self.F).index_select(0, positions).add_(1).sub_(fk, alpha=float(lam[k]))
+        inv, w = self._inv[:n], self._w[:n]
         target = self.epsilon ** -0.5
 
         def evaluate(t: float) -> tuple[float, float]:
-            inv = 1.0 / (rest + t * fk) if t else 1.0 / rest
-            w = weighted * inv.square()
-            return float(w.sum()), -2.0 * float((w * fk).mul_(inv).sum())
+            torch.add(rest, fk, alpha=t, out=inv).reciprocal_()
+            torch.mul(weighted, inv, out=w).mul_(inv)
+            b = float(w.sum())
+            return b, -2.0 * float(torch.dot(w.mul_(fk), inv))
 
         out = lam.clone()
         t = 0.0
@@ -427,16 +445,18 @@ def _solve_dual(dual: _Dual, base_norm2: float) -> tuple[torch.Tensor, int]:
     lam = torch.zeros(dual.m, dtype=torch.float64, device=dual.b2.device)
     if dual.m == 1:
         return dual.maximise_coordinate(lam, 0)
+    for k in range(dual.m):  # lambda = 0 is infeasible (the caller checked): start with a rough sweep
+        lam, _ = dual.maximise_coordinate(lam, k, 1e-3)
     state = dual.evaluate(lam)
-    iterations = 0
+    iterations = 1
     while iterations < _MAX_ITERATIONS and dual.residual(lam, state[1], base_norm2) > _KKT_TOLERANCE:
         iterations += 1
-        stepped = dual.newton_step(lam, state, base_norm2) if iterations > 1 else None
+        stepped = dual.newton_step(lam, state, base_norm2)
         if stepped is None:
             previous = lam
             for k in range(dual.m):
-                lam, _ = dual.maximise_coordinate(lam, k, 1e-3 if iterations == 1 else 1e-13)
-            if iterations > 1 and torch.equal(lam, previous):
+                lam, _ = dual.maximise_coordinate(lam, k)
+            if torch.equal(lam, previous):
                 break  # at the rounding floor: neither step moves; the report shows the residuals
             state = dual.evaluate(lam)
         else:
@@ -495,9 +515,10 @@ def project(base: torch.Tensor, fishers: Sequence[torch.Tensor], epsilon: float)
     damages_t = F @ delivered.square()
     damages = damages_t.tolist()
     base_max = float(base_support.abs().max()) if support_norm2 > 0.0 else 1.0
+    slack = float((lam * (damages_t - epsilon).abs()).max()) / support_norm2 if support_norm2 else 0.0
     residuals = KKTResiduals(
         primal_infeasibility=_primal(damages, epsilon),
-        complementary_slackness=float((lam * (damages_t - epsilon).abs()).max()) / support_norm2 if support_norm2 else 0.0,
+        complementary_slackness=slack,
         dual_infeasibility=float(torch.clamp(-lam, min=0).max()),
         stationarity=float((delivered * shrink - base_support).abs().max()) / base_max if support.numel() else 0.0,
     )

@@ -112,43 +112,43 @@ def _cluster_one_class(points: np.ndarray, k: int, seed: int) -> tuple[np.ndarra
     return sums[kept] / counts[kept, None], counts[kept].astype(np.int64)
 
 
-def relabel_forget_class(labels: torch.Tensor, forget_class: int, num_classes: int, seed: int) -> torch.Tensor:
-    """Class scenario (paper sec. 4.2): every ``forget_class`` label becomes a uniformly random *other* class.
-
-    Draws ``u ~ U{0, ..., num_classes - 2}`` per forget entry and maps ``u -> u + (u >= forget_class)``,
-    so the result is never ``forget_class``. Other labels are unchanged. Returns a new tensor.
-    """
+def _check_rows(labels: torch.Tensor, forget_mask: torch.Tensor, num_classes: int) -> None:
     if num_classes < 2:
-        raise ValueError(f"num_classes must be >= 2 to relabel a class, got {num_classes}")
-    if not 0 <= forget_class < num_classes:
-        raise ValueError(f"forget-class must be in [0, {num_classes}), got {forget_class}")
-    mask = labels == forget_class
+        raise ValueError(f"num_classes must be >= 2 to divert labels, got {num_classes}")
+    if forget_mask.shape != labels.shape or forget_mask.dtype != torch.bool:
+        raise ValueError("forget_mask must be a bool tensor shaped like labels")
+    if bool(((labels < 0) | (labels >= num_classes)).any()):
+        raise ValueError(f"labels must lie in [0, {num_classes})")
+
+
+def relabel_forget_rows(labels: torch.Tensor, forget_mask: torch.Tensor, num_classes: int,
+                        seed: int) -> torch.Tensor:
+    """The paper's relabelling (sec. 4.2): every masked row's label becomes a uniformly random *other* class.
+
+    Draws ``u ~ U{0, ..., num_classes - 2}`` per masked row and maps ``u -> u + (u >= label)``, so
+    the result never equals the row's own label. Other labels are unchanged. Returns a new tensor.
+    """
+    _check_rows(labels, forget_mask, num_classes)
     generator = torch.Generator().manual_seed(seed)
-    draws = torch.randint(0, num_classes - 1, (int(mask.sum()),), generator=generator)
-    draws = draws + (draws >= forget_class).long()
+    draws = torch.randint(0, num_classes - 1, (int(forget_mask.sum()),), generator=generator)
+    own = labels[forget_mask].cpu()
     relabelled = labels.clone()
-    relabelled[mask] = draws.to(device=labels.device, dtype=labels.dtype)
+    relabelled[forget_mask] = (draws + (draws >= own).long()).to(device=labels.device, dtype=labels.dtype)
     return relabelled
 
 
-def divert_targets(labels: torch.Tensor, forget_class: int, num_classes: int) -> torch.Tensor:
-    """Soft targets ``(M, num_classes)``: one-hot rows, except ``forget_class`` rows = uniform over the others.
+def divert_targets(labels: torch.Tensor, forget_mask: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Soft targets ``(M, num_classes)``: one-hot rows, except masked rows = uniform over the *other* classes.
 
-    This is the expectation of :func:`relabel_forget_class`'s random draw, so the filter's
+    This is the expectation of :func:`relabel_forget_rows`'s random draw, so the filter's
     cross-entropy has the same expected value, without the draw's variance. With hard random labels
     the filter learns to send neighbouring forget centroids to different classes; trained long, it
     carves the forget region into pieces and fresh forget samples between the pieces fall back to
-    the forget class (measured on Gaussian blobs after 500 epochs: forget accuracy 0.18-0.47 with
-    random labels, 0.00-0.06 with these targets). Recommended for the class scenario.
+    the forgotten label (measured on Gaussian blobs after 500 epochs: forget accuracy 0.18-0.47 with
+    random labels, 0.00-0.06 with these targets). Recommended.
     """
-    if num_classes < 2:
-        raise ValueError(f"num_classes must be >= 2 to divert a class, got {num_classes}")
-    if not 0 <= forget_class < num_classes:
-        raise ValueError(f"forget-class must be in [0, {num_classes}), got {forget_class}")
-    if bool(((labels < 0) | (labels >= num_classes)).any()):
-        raise ValueError(f"labels must lie in [0, {num_classes})")
+    _check_rows(labels, forget_mask, num_classes)
     targets = torch.nn.functional.one_hot(labels.long(), num_classes).float()
-    spread = torch.full((num_classes,), 1.0 / (num_classes - 1), device=labels.device)
-    spread[forget_class] = 0.0
-    targets[labels == forget_class] = spread
+    spread = (1.0 - targets[forget_mask]) / (num_classes - 1)
+    targets[forget_mask] = spread
     return targets

@@ -71,7 +71,7 @@ def train_filter(
 ) -> dict[str, list[float]]:
     """Train ``filter`` in place on ``centroids (M, d)`` and their targets with the frozen ``head``.
 
-    ``labels`` are class indices ``(M,)`` (e.g. from ``relabel_forget_class``) or class
+    ``labels`` are class indices ``(M,)`` (e.g. from ``relabel_forget_rows``) or class
     probabilities ``(M, C)`` (e.g. from ``divert_targets``, the recommended form; the CE of eq. 16
     then uses the soft target).
 

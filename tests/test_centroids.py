@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tasks.centroids import add_gaussian_noise, class_centroids, clip_rows, divert_targets, relabel_forget_class
+from tasks.centroids import add_gaussian_noise, class_centroids, clip_rows, divert_targets, relabel_forget_rows
 
 
 def features(n_per_class=(20, 7, 3), d=5, seed=0):
@@ -70,27 +70,35 @@ def test_bad_rho_and_shapes_rejected():
         class_centroids(x, y[:-1], rho=0.5, seed=0)
 
 
-def test_relabelled_forget_class_goes_to_every_other_class_only():
+def test_relabelled_forget_rows_go_to_every_other_class_only():
     y = torch.tensor([0, 1, 2, 3] * 100)
-    out = relabel_forget_class(y, forget_class=2, num_classes=4, seed=0)
-    moved = out[y == 2]
+    mask = y == 2
+    out = relabel_forget_rows(y, mask, num_classes=4, seed=0)
     assert not bool((out == 2).any())
-    assert set(moved.tolist()) == {0, 1, 3}
-    assert torch.equal(out[y != 2], y[y != 2])
-    assert torch.equal(out, relabel_forget_class(y, 2, 4, seed=0))
-    assert not torch.equal(out, relabel_forget_class(y, 2, 4, seed=1))
+    assert set(out[mask].tolist()) == {0, 1, 3}
+    assert torch.equal(out[~mask], y[~mask])
+    assert torch.equal(out, relabel_forget_rows(y, mask, 4, seed=0))
+    assert not torch.equal(out, relabel_forget_rows(y, mask, 4, seed=1))
 
 
-def test_relabel_rejects_bad_class():
-    with pytest.raises(ValueError, match="forget-class"):
-        relabel_forget_class(torch.tensor([0, 1]), forget_class=5, num_classes=3, seed=0)
+def test_relabel_mixed_labels_never_keeps_own_label():
+    y = torch.tensor([0, 1, 2, 3] * 50)
+    mask = torch.arange(200) % 3 == 0
+    out = relabel_forget_rows(y, mask, num_classes=4, seed=3)
+    assert bool((out[mask] != y[mask]).all()) and torch.equal(out[~mask], y[~mask])
+
+
+def test_relabel_rejects_bad_mask():
+    with pytest.raises(ValueError, match="forget_mask"):
+        relabel_forget_rows(torch.tensor([0, 1]), torch.tensor([1, 0]), num_classes=3, seed=0)
 
 
 def test_divert_targets_is_uniform_over_other_classes():
     y = torch.tensor([0, 2, 1])
-    t = divert_targets(y, forget_class=2, num_classes=3)
+    t = divert_targets(y, torch.tensor([False, True, True]), num_classes=3)
     assert torch.equal(t[0], torch.tensor([1.0, 0.0, 0.0]))
     assert torch.allclose(t[1], torch.tensor([0.5, 0.5, 0.0]))
+    assert torch.allclose(t[2], torch.tensor([0.5, 0.0, 0.5]))
     assert torch.allclose(t.sum(1), torch.ones(3))
 
 

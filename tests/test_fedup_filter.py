@@ -118,7 +118,7 @@ def divert_accuracy(seed: int, optimizer: str) -> tuple[float, float]:
     head, sample = blob_problem(seed)
     x, y = sample(100)
     centroids, centroid_labels, _ = class_centroids(x, y, rho=0.1, seed=seed)
-    target = divert_targets(centroid_labels, FORGET, NUM_CLASSES)
+    target = divert_targets(centroid_labels, centroid_labels == FORGET, NUM_CLASSES)
     f = FedUPFilter(DIM, seed=seed)
     train_filter(f, head, centroids, target, optimizer=optimizer, seed=seed)  # library defaults
     fresh, fresh_y = sample(200)

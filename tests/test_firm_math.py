@@ -101,6 +101,17 @@ def test_feasible_base_is_returned_with_zero_multipliers(m):
     assert report.lambdas == [0.0] * m
 
 
+def test_coordinates_outside_every_retain_support_are_left_untouched():
+    base, fishers, epsilon = _problem(14, d=300, m=2, density=0.2)
+    outside = (fishers[0] == 0) & (fishers[1] == 0)
+    x, report = project(base, fishers, epsilon)
+    assert bool(outside.any()) and torch.equal(x[outside], base[outside])
+    assert report.residuals.worst() <= 1e-6 and max(report.lambdas) > 0
+    zero_there = torch.where(outside, base, torch.zeros_like(base))  # infeasible nowhere: nothing moves
+    x0, report0 = project(zero_there, fishers, epsilon)
+    assert torch.equal(x0, zero_there) and report0.lambdas == [0.0, 0.0] and report0.damages == [0.0, 0.0]
+
+
 def test_infinite_budget_disables_projection():
     base, fishers, _ = _problem(12, d=100, m=2)
     x, report = project(base, fishers, math.inf)

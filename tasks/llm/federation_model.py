@@ -37,7 +37,8 @@ def _built(model: str, rank: int, alpha: float, targets: tuple[str, ...], load_i
                                       load_in_4bit=load_in_4bit, seed=seed)
     if not load_in_4bit:
         peft_model.to(torch.device(device))
-    return peft_model, tokenizer, adapter_state(peft_model)
+    # adapter_state does not copy CPU float32 tensors: clone, or training would change the "fresh" adapter
+    return peft_model, tokenizer, {k: v.clone() for k, v in adapter_state(peft_model).items()}
 
 
 def task_llm(cfg, device: torch.device | None = None):

@@ -1,0 +1,97 @@
+"""A FIRM client's one-shot release (paper 002, Sec. 4.1 and App. C), without Flower.
+
+``firm_release`` takes the broadcast reference model (a peft LoRA model whose adapter is still at its
+reference values), trains the adapter on the client's own data with the role's objective, and returns
+what the client uploads once:
+
+    task_vector   {adapted weight name: s (B A)_after - s (B A)_reference}    (``tasks.llm.fisher``)
+    fisher        {same names: empirical diagonal Fisher at the reference weights, on the same data}
+    num_examples  number of sequences the client trained on
+
+Objectives: forget clients ``ascent`` (gradient ascent, FIRM's TOFU/MUSE clients) or ``rmu`` (RMU forget
+term only, FIRM's WMDP clients); retain clients ``ce`` (the preservation objective).
+
+Choices (the paper is silent or our setting differs):
+
+* The Fisher is computed *before* training, so it is taken at the reference weights whatever the
+  objective does to the adapter. In the default weight space ``tasks.llm.fisher`` evaluates it with the
+  adapter switched off, which is the reference model only when the adapter is fresh (B = 0, as
+  ``build_llm`` makes it): knowledge of the reference model must live in its base weights (merge a
+  pretrained adapter with peft's ``merge_and_unload`` and attach a fresh one). A non-zero reference
+  adapter is refused in weight space. ``space="lora"`` takes the Fisher with the adapter on instead.
+* Fisher data: the client's own batches, ``fisher_batches`` single sequences in data order (App. C: 20).
+* RMU's layer defaults to the middle decoder layer (``len(layers) // 2``; the WMDP 7B runs use layer 7
+  of 32), its other settings to ``tasks.llm.objectives.RMULoss``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from tasks.llm.fisher import SPACES, diagonal_fisher, lora_state, task_vector
+from tasks.llm.objectives import decoder_layers, make_objective
+from tasks.llm.train import finetune
+
+OBJECTIVES_BY_ROLE = {"forget": ("ascent", "rmu"), "retain": ("ce",)}
+
+
+def _check(role: str, objective: str, space: str, epochs: int, fisher_batches: int) -> None:
+    if role not in OBJECTIVES_BY_ROLE:
+        raise ValueError(f"role must be one of {list(OBJECTIVES_BY_ROLE)}, got {role!r}")
+    if objective not in OBJECTIVES_BY_ROLE[role]:
+        raise ValueError(f"objective for a {role} client must be one of {list(OBJECTIVES_BY_ROLE[role])}, "
+                         f"got {objective!r}")
+    if space not in SPACES:
+        raise ValueError(f"space must be one of {list(SPACES)}, got {space!r}")
+    if not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
+    if not isinstance(fisher_batches, int) or fisher_batches < 1:
+        raise ValueError(f"fisher_batches must be an int >= 1, got {fisher_batches!r}")
+
+
+def firm_release(
+    model,
+    reference_state: dict[str, torch.Tensor] | None,
+    batches: Sequence[dict[str, torch.Tensor]],
+    *,
+    role: str,
+    objective: str,
+    epochs: int,
+    lr: float,
+    seed: int,
+    fisher_batches: int = 20,
+    space: str = "weight",
+    rmu_layer: int | None = None,
+    rmu_steering_coeff: float = 6.5,
+    rmu_alpha: float = 1200.0,
+) -> dict:
+    """Train the adapter of ``model`` in place and return ``{task_vector, fisher, num_examples}``.
+
+    ``reference_state`` is ``tasks.llm.fisher.lora_state(model)`` at the reference (``None``: taken
+    now). ``batches`` are the client's QA batches (``tasks.llm.train.qa_batches``). The upload's tensors
+    are float32 on the CPU and share names and shapes (``space``).
+    """
+    _check(role, objective, space, epochs, fisher_batches)
+    if not batches:
+        raise ValueError("batches must not be empty")
+    if reference_state is None:
+        reference_state = lora_state(model)
+    if space == "weight":
+        nonzero = [n for n, t in reference_state.items() if "lora_B" in n and bool(t.any())]
+        if nonzero:
+            raise ValueError(f"reference adapter is not fresh ({nonzero[0]!r} != 0): the weight-space Fisher "
+                             "is taken with the adapter off; merge it into the base first")
+    fisher = diagonal_fisher(model, batches, num_batches=fisher_batches, space=space)
+    params = {}
+    if objective == "rmu":
+        layer = len(decoder_layers(model)) // 2 if rmu_layer is None else rmu_layer
+        params = {"layer": layer, "steering_coeff": rmu_steering_coeff, "alpha": rmu_alpha, "seed": seed}
+    finetune(model, batches, epochs, lr, seed, loss_fn=make_objective(objective, **params))
+    update = task_vector(model, reference_state, space=space)
+    return {
+        "task_vector": update,
+        "fisher": {name: value.detach() for name, value in fisher.items()},
+        "num_examples": sum(int(b["input_ids"].shape[0]) for b in batches),
+    }

@@ -1,0 +1,64 @@
+"""FIRM client release on the offline tiny model: task vector + Fisher on the same coordinates."""
+
+import pytest
+import torch
+
+from tasks.llm.firm_client import firm_release
+from tasks.llm.fisher import lora_state
+from tasks.llm.model import build_llm
+from tasks.llm.synthetic import fictitious_authors
+from tasks.llm.train import qa_batches
+
+
+@pytest.fixture(scope="module")
+def data():
+    _, tokenizer = build_llm("tiny", seed=0, lora_rank=4, target_modules=["q_proj", "down_proj"])
+    records = fictitious_authors(2, 6, seed=0)
+    return tokenizer, qa_batches(records, tokenizer, batch_size=4, seed=0), len(records)
+
+
+def release(data, **kwargs):
+    tokenizer, batches, _ = data
+    model, _ = build_llm("tiny", seed=0, lora_rank=4, target_modules=["q_proj", "down_proj"], tokenizer=tokenizer)
+    settings = dict(role="forget", objective="ascent", epochs=1, lr=1e-3, seed=3, fisher_batches=4) | kwargs
+    return model, firm_release(model, lora_state(model), batches, **settings)
+
+
+@pytest.mark.parametrize("role, objective", [("forget", "ascent"), ("forget", "rmu"), ("retain", "ce")])
+def test_release_has_matching_task_vector_and_fisher(data, role, objective):
+    model, upload = release(data, role=role, objective=objective)
+    assert upload["num_examples"] == data[2]
+    tv, fisher = upload["task_vector"], upload["fisher"]
+    assert set(tv) == set(fisher) and len(tv) == 2 * 2  # q_proj and down_proj in both layers
+    assert all(k.endswith(".weight") and "lora" not in k for k in tv)
+    for name in tv:
+        assert tv[name].shape == fisher[name].shape and tv[name].dtype == torch.float32
+        assert bool(torch.isfinite(fisher[name]).all()) and bool((fisher[name] >= 0).all())
+        assert not fisher[name].requires_grad
+    assert sum(float(t.abs().sum()) for t in tv.values()) > 0
+    assert sum(float(f.sum()) for f in fisher.values()) > 0
+
+
+def test_release_is_deterministic_and_fisher_is_taken_at_the_reference(data):
+    _, first = release(data)
+    _, again = release(data)
+    _, longer = release(data, epochs=2)
+    for name in first["task_vector"]:
+        assert torch.equal(first["task_vector"][name], again["task_vector"][name])
+        assert torch.equal(first["fisher"][name], longer["fisher"][name])  # training does not move it
+        assert not torch.equal(first["task_vector"][name], longer["task_vector"][name])
+
+
+def test_bad_arguments_raise_value_errors(data):
+    tokenizer, batches, _ = data
+    for kwargs, key in (({"role": "retain", "objective": "ascent"}, "objective"),
+                        ({"role": "helper"}, "role"), ({"epochs": 0}, "epochs"), ({"space": "x"}, "space")):
+        with pytest.raises(ValueError, match=key):
+            release(data, **kwargs)
+    model, _ = build_llm("tiny", seed=0, lora_rank=4, target_modules=["q_proj"], tokenizer=tokenizer)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.1)
+    with pytest.raises(ValueError, match="not fresh"):
+        firm_release(model, None, batches, role="forget", objective="ascent", epochs=1, lr=1e-3, seed=0)

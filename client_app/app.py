@@ -6,7 +6,8 @@ behave the same. Raw data never leaves; replies carry model tensors, counts and 
 
 Messages (DESIGN.md): ``query.hello`` -> client id and counts; ``train`` (config: role,
 objective ``ce`` or ``adapter-ascent``, scope, plugins, epochs, lr, max-steps) -> arrays + num-examples/loss; ``evaluate``
--> local metrics with counts and MIA confidences; ``query.centroids`` (FedUP) -> DP centroids.
+-> local metrics with counts and MIA confidences (config ``features``: plus a sample of
+penultimate features for the diagnostics); ``query.centroids`` (FedUP) -> DP centroids.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from client_app import llm_client
 from client_app.fedup_client import centroid_release
 from client_app.state import client_view, load_model
 from tasks.lethe_adapter import train_adapter_ascent
-from tasks.metrics import client_metrics
+from tasks.metrics import client_metrics, feature_sample
 from tasks.model import PLUGIN_PREFIX
 from tasks.training import train_local
 
@@ -81,10 +82,13 @@ def evaluate(msg: Message, context: Context) -> Message:
     cfg, data, device = client_view(context)
     conf = msg.content["config"]
     model = load_model(cfg, msg.content["arrays"], str(conf.get("plugins", "")))
+    seed = cfg["seed"] + data.client_id
     metrics = client_metrics(model, data, target=cfg["backdoor-target"],
-                             mia_max_samples=cfg["mia-max-samples"], seed=cfg["seed"] + data.client_id,
-                             device=device)
-    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+                             mia_max_samples=cfg["mia-max-samples"], seed=seed, device=device)
+    content = {"metrics": MetricRecord(metrics)}
+    if conf.get("features", False) and cfg["diagnostic-samples"]:
+        content["features"] = ArrayRecord(feature_sample(model, data, cfg["diagnostic-samples"], seed))
+    return Message(RecordDict(content), reply_to=msg)
 
 
 @app.query("centroids")

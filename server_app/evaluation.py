@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from flwr.app import ConfigRecord, RecordDict
 
 from strategies.base import ModelState
@@ -27,10 +29,15 @@ def evaluate_model(fed: Federation, cfg: Config, model: ModelState) -> dict:
     started = time.perf_counter()
     try:
         content = RecordDict({"arrays": model.arrays,
-                              "config": ConfigRecord({"plugins": specs_to_json(model.plugins)})})
+                              "config": ConfigRecord({"plugins": specs_to_json(model.plugins),
+                                                      "features": features is not None})})
         replies = fed.broadcast(fed.all_nodes(), "evaluate", content, round_no=cost.rounds + 1)
         cost.rounds += 1
         per_client = [dict(reply.content["metrics"]) for reply in replies]
+        if features is not None:
+            for name in ("retain", "forget"):
+                parts = [r.content["features"].to_torch_state_dict()[name] for r in replies if "features" in r.content]
+                features[name] = torch.cat(parts) if parts else torch.zeros(0)
         if cfg["task"] in LLM_TASKS:
             from tasks.llm.federation_metrics import pool_llm_metrics
 

@@ -7,6 +7,7 @@ This module orchestrates and records; every method's internals live behind
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -21,7 +22,7 @@ from strategies.fedavg_rounds import RoleFedAvg, run_rounds
 from strategies.federation import Federation
 from strategies.registry import method_for
 from tasks.config import Config, ConfigError, parse_config
-from tasks.diagnostics import resurfacing_summary
+from tasks.diagnostics import forgetting_dispersion, pca_scatter_png, resurfacing_summary, rollback_tendency
 from tasks.llm.forget_quality import attach_forget_quality
 from tasks.registry import build_task_model, check_task_setup, task_cache_key
 
@@ -100,14 +101,18 @@ class Experiment:
             self.fed.start_phase(previous)
         return self._retrain
 
-    def continue_training(self, start: ModelState) -> tuple[ModelState, list[float]]:
-        """``continue-rounds`` of FedAvg on retained data, forget accuracy measured each round."""
+    def continue_training(self, start: ModelState) -> tuple[ModelState, list[float], list[dict]]:
+        """``continue-rounds`` of FedAvg on retained data, forget accuracy measured each round.
+
+        Returns the continued model, the KR curve and the state after every round (for RT).
+        """
         cost = self.fed.start_phase("continue")
-        started, curve = time.perf_counter(), []
+        started, curve, states = time.perf_counter(), [], []
         eval_before = self.fed.cost("evaluate").seconds
 
         def measure(_round: int, arrays: ArrayRecord) -> None:
             curve.append(evaluate_model(self.fed, self.cfg, ModelState(arrays, start.plugins))["forget_acc"])
+            states.append(arrays.to_torch_state_dict())
 
         arrays = start.arrays
         if self.cfg["continue-rounds"]:
@@ -117,7 +122,7 @@ class Experiment:
                                 config=self.train_config(plugins=_plugins_json(start)),
                                 label="continue", after_round=measure)
         cost.seconds += time.perf_counter() - started - (self.fed.cost("evaluate").seconds - eval_before)
-        return ModelState(arrays, start.plugins), curve
+        return ModelState(arrays, start.plugins), curve, states
 
     # --- the whole run --------------------------------------------------------------------
     def run(self) -> str:
@@ -158,11 +163,19 @@ class Experiment:
         resurfacing = resurfacing_summary(kr_original=models["original"]["forget_acc"],
                                           kr_unlearned=models["unlearned"]["forget_acc"],
                                           kr_retrain=kr_retrain, kr_curve=curve)
-        return self.report(models, resurfacing, result.details)
+        return self.report(models, resurfacing, result.details, rollback, feats)
 
-    def report(self, models: dict, resurfacing: dict, details: dict) -> str:
+    def report(self, models: dict, resurfacing: dict, details: dict, rollback: list[float],
+               feats: dict) -> str:
         cfg = self.cfg.as_dict()
         folder = run_folder(cfg["outputs-dir"], cfg)
+        os.makedirs(folder, exist_ok=True)
+        diagnostics = {"rollback_tendency": rollback}
+        if all(f and len(f["forget"]) for f in feats.values()):
+            diagnostics["forgetting_dispersion"] = {name: forgetting_dispersion(f["forget"])
+                                                    for name, f in feats.items()}
+            pca_scatter_png(os.path.join(folder, "features_pca.png"),
+                            {name: (f["retain"], f["forget"]) for name, f in feats.items()})
         results = {
             "run": {"task": cfg["task"], "method": cfg["method"], "scenario": cfg["scenario"],
                     "seed": cfg["seed"], "num_clients": self.fed.num_clients,
@@ -173,6 +186,7 @@ class Experiment:
             "cost": {**{name: self.fed.cost(name).as_dict()
                         for name in ("pretrain", "retrain", "unlearn", "continue", "evaluate")},
                      "built": self.built_cost},
+            "diagnostics": diagnostics,
             "method": details,
             "seconds_total": round(time.perf_counter() - self.started, 3),
         }

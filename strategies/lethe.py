@@ -6,7 +6,9 @@
    scenario: every client holding the class) and freezes it. Uploaded once, broadcast once.
 2. **Rectify** (``lethe-rectify-rounds``): each round the composite model goes to the forget
    clients (forget stream, eq. 7: ordinary local training on the forget data) and to the retained
-   clients (retain stream, eq. 8, weighted by counts); only the backbone trains. Per named
+   clients (retain stream, eq. 8, weighted by counts), both trained with ``lethe-lr`` for
+   ``lethe-epochs`` (small, as the paper's 1e-3: the rule negates the forget stream when the
+   streams anti-align, so a large forget step is a large ascent step); only the backbone trains. Per named
    parameter tensor the server applies eq. 10 with ``lethe-gamma`` and eq. 11. Buffers (BatchNorm
    statistics) are not parameters: they take the retain stream's average. Each round logs, per
    layer, the Proposition IV.1 bounds of gamma and whether the chosen gamma is inside them.
@@ -27,6 +29,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from strategies.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
 from strategies.fedavg_rounds import RoleFedAvg, run_rounds
+from strategies.federation import RunStopped
 from strategies.lethe_math import apply_update, check_gamma, gamma_bounds, rectify, weighted_average
 from tasks.model import PLUGIN_PREFIX
 from tasks.plugins import specs_to_json
@@ -87,10 +90,11 @@ class Lethe(FedAvg, UnlearningMethod):
         buffer_names = [k for k in state if k not in param_names and not k.startswith(PLUGIN_PREFIX)]
         gamma, history = cfg["lethe-gamma"], []
         for t in range(1, cfg["lethe-rectify-rounds"] + 1):
+            local = {"scope": "base", "lr": cfg["lethe-lr"], "epochs": cfg["lethe-epochs"]}
             forget_replies = self._send(ctx, fed.nodes_with("n-forget"), state, plugins, role="forget",
-                                        round_no=t, require_all=True, scope="base")
+                                        round_no=t, require_all=True, **local)
             retain_replies = self._send(ctx, fed.nodes_with("n-retain"), state, plugins, role="retain",
-                                        round_no=t, require_all=False, scope="base")
+                                        round_no=t, require_all=False, **local)
             fed.cost(fed.phase).rounds += 1
             forget, _ = _stream(forget_replies, state, param_names)
             retain, _ = _stream(retain_replies, state, param_names)
@@ -100,6 +104,9 @@ class Lethe(FedAvg, UnlearningMethod):
             if buffer_names:
                 buffers, _ = _stream(retain_replies, state, buffer_names)
                 state.update({k: (state[k] + buffers[k]).to(state[k].dtype) for k in buffer_names})
+            if not all(bool(torch.isfinite(v).all()) for v in state.values()):
+                raise RunStopped(f"phase 'unlearn' round {t}: Lethe's rectified model has non-finite weights; "
+                                 "lower lethe-lr or lethe-gamma")
             aligned = [k for k, b in bounds.items() if b is not None]
             log.info("[lethe] rectify round %d/%d: %d/%d layers aligned (s>0), gamma=%g inside the "
                      "Prop. IV.1 bounds on %d of them", t, cfg["lethe-rectify-rounds"], len(aligned),

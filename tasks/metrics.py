@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from tasks.requests import ClientData
-from tasks.training import predict_proba
+from tasks.training import penultimate_features, predict_proba
 
 COUNT_KEYS = ("retain", "forget", "test", "forget-test", "triggered")
 
@@ -60,6 +60,16 @@ def client_metrics(model: torch.nn.Module, data: ClientData, *, target: int, mia
     return out
 
 
+def feature_sample(model: torch.nn.Module, data: ClientData, limit: int, seed: int) -> dict[str, torch.Tensor]:
+    """Up to ``limit`` seeded penultimate-feature rows of the retained and the forget set (diagnostics)."""
+    generator = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, x in (("retain", data.retain_x), ("forget", data.forget_x)):
+        chosen = x[torch.randperm(len(x), generator=generator)[:limit]]
+        out[name] = penultimate_features(model, chosen).float()
+    return out
+
+
 def _ratio(num: float, den: float) -> float:
     return float(num) / float(den) if den else float("nan")
 
@@ -68,6 +78,8 @@ def mia_member_share(members: list[float], non_members: list[float], forget: lis
     """Share of the forget set an SVC (fitted members vs non-members on confidence) calls member."""
     from sklearn.svm import SVC
 
+    members, non_members, forget = ([v for v in values if np.isfinite(v)]
+                                    for values in (members, non_members, forget))
     if not forget or not members or not non_members:
         return float("nan")
     rng = np.random.default_rng(seed)

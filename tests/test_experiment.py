@@ -46,6 +46,11 @@ def test_retrain_run_writes_the_results_contract(tmp_path):
     assert cost["pretrain"]["rounds"] == 2 and cost["pretrain"]["bytes_up"] > 0 and cost["pretrain"]["bytes_down"] > 0
     assert cost["unlearn"] == {**cost["built"]["retrain"]}
     assert os.path.getsize(os.path.join(folder, "kr_curve.png")) > 1000
+    assert os.path.getsize(os.path.join(folder, "features_pca.png")) > 1000
+    diagnostics = results["diagnostics"]
+    assert len(diagnostics["rollback_tendency"]) == 2
+    assert set(diagnostics["forgetting_dispersion"]) == {"original", "retrain", "unlearned"}
+    assert all(v >= 0 for v in diagnostics["forgetting_dispersion"].values())
     csv_lines = open(tmp_path / "out" / "results.csv").read().splitlines()
     assert len(csv_lines) == 2 and csv_lines[0].startswith("time,task,method")
 

@@ -1,11 +1,10 @@
 """The LLM task (``llm-tofu``) through the real phases: in-process runs per method, bad input, TOFU files.
 
-Tiny setting: 8 synthetic authors x 4 QA pairs on 4 clients, 2 pretrain rounds, 1 continued round;
+Tiny setting: 8 synthetic authors x 3 QA pairs on 4 clients, 2 pretrain rounds, 1 continued round;
 every method shares one cached original/retrain model (module-scoped cache folder).
 """
 
 import json
-import math
 import os
 
 import pytest
@@ -18,10 +17,10 @@ from tasks.llm import synthetic
 from tasks.llm.federation_data import author_partition, build_llm_client_data, load_author_records
 from tasks.registry import build_task_model
 
-TINY_LLM = {"task": "llm-tofu", "method": "none", "scenario": "sample", "llm-num-authors": 8, "llm-qa-per-author": 4,
-            "llm-forget-fraction": 0.25, "pretrain-rounds": 2, "continue-rounds": 1, "llm-local-epochs": 2,
+TINY_LLM = {"task": "llm-tofu", "method": "none", "scenario": "sample", "llm-num-authors": 8, "llm-qa-per-author": 3,
+            "llm-forget-fraction": 0.25, "pretrain-rounds": 2, "continue-rounds": 1, "llm-local-epochs": 1,
             "llm-lr": 5e-3, "llm-batch-size": 8, "lethe-adapter-steps": 0, "lethe-rectify-rounds": 1,
-            "lethe-restore-rounds": 1, "llm-lora-rank": 4, "llm-max-new-tokens": 8}
+            "lethe-restore-rounds": 1, "llm-lora-rank": 4, "llm-max-new-tokens": 6}
 LLM_KEYS = ("forget_fact_acc", "retain_fact_acc", "forget_rouge", "retain_rouge", "forget_truth", "retain_truth",
             "kr", "forget_quality", "utility", "forget_acc")
 
@@ -43,8 +42,9 @@ def runs(tmp_path_factory):
 
 
 def adapter_bytes():
+    """(float32 bytes of the LoRA adapter, number of its tensors)."""
     state = build_task_model(parse_config(TINY_LLM)).state_dict()
-    return sum(t.numel() * 4 for t in state.values())
+    return sum(t.numel() * 4 for t in state.values()), len(state)
 
 
 @pytest.mark.parametrize("method", ["none", "retrain", "ga", "npo", "simnpo", "lethe"])
@@ -80,8 +80,9 @@ def test_one_round_objectives_lower_the_forget_likelihood(runs, method):
     cost = results["cost"]["unlearn"]
     assert cost["rounds"] == 1
     # one forget client uploads its LoRA adapter once: nothing but the adapter crosses
-    size = adapter_bytes()
-    assert size <= cost["bytes_up"] < size + 1000 and size <= cost["bytes_down"] < size + 1000
+    size, tensors = adapter_bytes()
+    slack = 300 * tensors + 1000  # per-tensor record metadata, config and metrics
+    assert size <= cost["bytes_up"] < size + slack and size <= cost["bytes_down"] < size + slack
     assert results["method"]["forget_clients"] == [0]
 
 
@@ -172,4 +173,3 @@ def test_author_partition_is_deterministic_and_documented():
     assert client_forgotten == client_parts[0] and len(client_parts[0]) == 3
     other_seed = parse_config({**TINY_LLM, "scenario": "client", "seed": 7})
     assert author_partition(other_seed, authors, 4)[0] != client_parts
-    assert not math.isnan(len(client_parts))

@@ -92,6 +92,6 @@ def firm_release(
     update = task_vector(model, reference_state, space=space)
     return {
         "task_vector": update,
-        "fisher": {name: value.detach() for name, value in fisher.items()},
+        "fisher": fisher,
         "num_examples": sum(int(b["input_ids"].shape[0]) for b in batches),
     }

@@ -193,7 +193,7 @@ def per_sample_fisher_loop(
             grads = torch.autograd.grad(_per_sequence_loss(model, batch)[0], weights)
             for key, g in zip(targets, grads):
                 total[key] += g.detach().float() ** 2
-    return {k: (v / len(seqs)).cpu() for k, v in total.items()}
+    return {k: (v / len(seqs)).detach().cpu() for k, v in total.items()}
 
 
 def diagonal_fisher(
@@ -245,7 +245,7 @@ def diagonal_fisher(
             for h in handles:
                 h.remove()
             io.clear()
-    return {k: (v / len(seqs)).cpu() for k, v in total.items()}
+    return {k: (v / len(seqs)).detach().cpu() for k, v in total.items()}
 
 
 # --------------------------------------------------------------------------- task vectors

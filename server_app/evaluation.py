@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import torch
-
 from flwr.app import ConfigRecord, RecordDict
 
 from strategies.base import ModelState
@@ -18,11 +17,13 @@ from tasks.requests import uses_trigger
 EVALUATE_PHASE = "evaluate"
 
 
-def evaluate_model(fed: Federation, cfg: Config, model: ModelState) -> dict:
+def evaluate_model(fed: Federation, cfg: Config, model: ModelState, features: dict | None = None) -> dict:
     """The results-contract entry (retain_acc, forget_acc, test_acc, mia, extras) of ``model``
     (LLM tasks: ``tasks.llm.federation_metrics.pool_llm_metrics``).
 
-    Bytes and seconds are charged to the ``evaluate`` phase, whichever phase asked.
+    With a ``features`` dict, vision clients also send a sample of penultimate features, pooled
+    into ``features["retain"]`` and ``features["forget"]`` (for FD and the PCA plot). Bytes and
+    seconds are charged to the ``evaluate`` phase, whichever phase asked.
     """
     previous = fed.phase
     cost = fed.start_phase(EVALUATE_PHASE)

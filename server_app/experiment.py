@@ -143,14 +143,17 @@ class Experiment:
         self.say(f"unlearn done in {cost.seconds:.1f}s, {cost.bytes_up + cost.bytes_down} bytes")
 
         self.say("evaluate: original, unlearned and retrain models")
-        models = {"original": evaluate_model(self.fed, self.cfg, original),
-                  "unlearned": evaluate_model(self.fed, self.cfg, result.model)}
-        retrain_entry = evaluate_model(self.fed, self.cfg, self.retrain())
+        feats = {name: {} if self.cfg["diagnostic-samples"] else None for name in ("original", "retrain", "unlearned")}
+        models = {"original": evaluate_model(self.fed, self.cfg, original, feats["original"]),
+                  "unlearned": evaluate_model(self.fed, self.cfg, result.model, feats["unlearned"])}
+        retrain_entry = evaluate_model(self.fed, self.cfg, self.retrain(), feats["retrain"])
         kr_retrain = retrain_entry["forget_acc"]
 
         self.say(f"continue: {self.cfg['continue-rounds']} rounds on retained data")
-        continued, curve = self.continue_training(result.model)
+        continued, curve, states = self.continue_training(result.model)
         models["continued"] = evaluate_model(self.fed, self.cfg, continued)
+        rollback = rollback_tendency(original.arrays.to_torch_state_dict(),
+                                     result.model.arrays.to_torch_state_dict(), states) if states else []
 
         if self.method.reversible:
             self.say("restore: unplugging")

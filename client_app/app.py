@@ -64,7 +64,8 @@ def train(msg: Message, context: Context) -> Message:
     lr = float(conf.get("lr", cfg["lr"]))
     if conf.get("objective", "ce") == "adapter-ascent":  # Lethe phase 1: only the adapter moves
         loss = train_adapter_ascent(model, len(model.plugins) - 1, (x, y), steps=int(conf["max-steps"]),
-                                    lr=lr, seed=seed, batch_size=cfg["batch-size"])["loss_end"]
+                                    lr=lr, seed=seed, batch_size=cfg["batch-size"],
+                                    max_loss=cfg["lethe-adapter-max-loss"])["loss_end"]
     else:
         loss = train_local(model, x, y, epochs=int(conf.get("epochs", cfg["local-epochs"])),
                            batch_size=cfg["batch-size"], lr=lr, momentum=cfg["momentum"], seed=seed,

@@ -22,6 +22,7 @@ phase and round); the original model is never modified, so it stays intact.
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
@@ -37,6 +38,25 @@ from tasks.plugins import specs_to_json
 log = logging.getLogger("fedunlearn")
 
 State = dict[str, torch.Tensor]
+
+
+def clip_to_reference(update: State, reference: State, ratio: float) -> State:
+    """Scale ``update`` down so its global L2 norm is at most ``ratio`` x the reference's (0 = off).
+
+    Our safeguard, not the paper's: where the streams anti-align eq. 10 applies ``-Δu``, a gradient
+    *ascent* step on the forget data, and the forget loss grows round after round, so does ``Δu``;
+    measured on digits, this diverged to non-finite weights within 3-4 rounds. Bounding each
+    rectified step by the retain stream's size (a normal FedAvg step) keeps the direction of eq. 10
+    and the per-layer signs of Prop. IV.1 (a positive scale changes no inner-product sign).
+    """
+    if ratio <= 0:
+        return update
+    norm = torch.sqrt(sum((v.double() ** 2).sum() for v in update.values()))
+    limit = ratio * torch.sqrt(sum((v.double() ** 2).sum() for v in reference.values()))
+    if norm <= limit or norm == 0:
+        return update
+    scale = float(limit / norm)
+    return {k: v * scale for k, v in update.items()}
 
 
 def _stream(replies, start: State, keys: list[str]) -> tuple[State, int]:
@@ -98,9 +118,15 @@ class Lethe(FedAvg, UnlearningMethod):
             fed.cost(fed.phase).rounds += 1
             forget, _ = _stream(forget_replies, state, param_names)
             retain, _ = _stream(retain_replies, state, param_names)
+            norms = {name: float(torch.sqrt(sum((v.double() ** 2).sum() for v in stream.values())))
+                     for name, stream in (("retain", retain), ("forget", forget))}
+            if not all(math.isfinite(v) for v in norms.values()):
+                raise RunStopped(f"phase 'unlearn' round {t}: a Lethe update stream is non-finite "
+                                 f"(norms {norms}); lower lethe-lr")
             bounds = gamma_bounds(retain, forget)
             inside = check_gamma(bounds, gamma)
-            state = {**state, **apply_update({k: state[k] for k in param_names}, rectify(retain, forget, gamma))}
+            update = clip_to_reference(rectify(retain, forget, gamma), retain, cfg["lethe-step-clip"])
+            state = {**state, **apply_update({k: state[k] for k in param_names}, update)}
             if buffer_names:
                 buffers, _ = _stream(retain_replies, state, buffer_names)
                 state.update({k: (state[k] + buffers[k]).to(state[k].dtype) for k in buffer_names})
@@ -108,9 +134,10 @@ class Lethe(FedAvg, UnlearningMethod):
                 raise RunStopped(f"phase 'unlearn' round {t}: Lethe's rectified model has non-finite weights; "
                                  "lower lethe-lr or lethe-gamma")
             aligned = [k for k, b in bounds.items() if b is not None]
-            log.info("[lethe] rectify round %d/%d: %d/%d layers aligned (s>0), gamma=%g inside the "
-                     "Prop. IV.1 bounds on %d of them", t, cfg["lethe-rectify-rounds"], len(aligned),
-                     len(bounds), gamma, sum(inside[k] for k in aligned))
+            log.info("[lethe] rectify round %d/%d: |retain| %.3g |forget| %.3g; %d/%d layers aligned (s>0), "
+                     "gamma=%g inside the Prop. IV.1 bounds on %d of them", t, cfg["lethe-rectify-rounds"],
+                     norms["retain"], norms["forget"], len(aligned), len(bounds), gamma,
+                     sum(inside[k] for k in aligned))
             history.append({k: {"lower": b[0], "upper": b[1], "gamma_inside": inside[k]}
                             for k, b in bounds.items() if b is not None})
         return state, history

@@ -67,7 +67,10 @@ def train(msg: Message, context: Context) -> Message:
                                     lr=lr, seed=seed, batch_size=cfg["batch-size"],
                                     max_loss=cfg["lethe-adapter-max-loss"])["loss_end"]
     else:
-        loss = train_local(model, x, y, epochs=int(conf.get("epochs", cfg["local-epochs"])),
+        epochs = int(conf.get("epochs", cfg["local-epochs"]))
+        if role == "all" and cfg["scenario"] == "client" and len(data.forget_y) and cfg["poison-epochs"]:
+            epochs = cfg["poison-epochs"]  # the leaving client poisons harder while the original trains
+        loss = train_local(model, x, y, epochs=epochs,
                            batch_size=cfg["batch-size"], lr=lr, momentum=cfg["momentum"], seed=seed,
                            scope=scope, max_steps=int(conf.get("max-steps", 0)) or None, device=device)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in _uploaded_state(model, scope).items()})

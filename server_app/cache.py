@@ -25,7 +25,7 @@ CACHE_VERSION = 1
 TRAINING_KEYS = ("task", "seed", "dirichlet-alpha", "test-fraction", "local-epochs", "batch-size", "lr",
                  "momentum", "fraction-train")
 REQUEST_KEYS = {
-    "client": ("scenario", "poison", "forget-client", "backdoor-target", "trigger-size"),
+    "client": ("scenario", "poison", "poison-epochs", "forget-client", "backdoor-target", "trigger-size"),
     "class": ("scenario", "forget-class"),
     "sample": ("scenario", "forget-client", "sample-fraction", "backdoor-target", "trigger-size"),
 }

@@ -74,6 +74,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("forget-client", int, -1,
        "client whose data (client/sample scenario) is forgotten; -1 = the client with the most samples",
        _at_least(-1)),
+    _s("poison-epochs", int, 15,
+       "local epochs of the leaving client on its poisoned data while the original model is trained "
+       "(client scenario; a Byzantine client works harder); 0 = local-epochs", _at_least(0)),
     _s("forget-class", int, 3, "class removed in the class scenario", _at_least(0)),
     _s("sample-fraction", float, 0.2,
        "share of the forget client's samples that carry the backdoor (sample scenario)", _open_unit(True)),

@@ -145,21 +145,3 @@ def validate_centroid_upload(
     if bool(((y < 0) | (y >= num_classes)).any()):
         return f"labels outside [0, {num_classes})"
     return None
-
-
-def validate_fedup_settings(
-    rho: float, sigma: float, epsilon: float, delta: float, bottleneck: int, alpha: float, clip: float
-) -> None:
-    """Reject FedUP run-config values with a one-line ValueError naming the key and what is allowed."""
-    rules = (
-        ("fedup-rho", rho, 0 < rho <= 1, "in (0, 1]"),
-        ("fedup-sigma", sigma, sigma >= 0, ">= 0"),
-        ("fedup-epsilon", epsilon, epsilon > 0, "> 0"),
-        ("fedup-delta", delta, 0 < delta < 1, "in (0, 1)"),
-        ("fedup-bottleneck", bottleneck, bottleneck > 0, "> 0"),
-        ("fedup-alpha", alpha, 0 <= alpha <= 1, "in [0, 1]"),
-        ("fedup-clip", clip, clip > 0, "> 0"),
-    )
-    for key, value, ok, allowed in rules:
-        if not ok:
-            raise ValueError(f"{key} must be {allowed}, got {value}")

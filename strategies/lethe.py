@@ -31,7 +31,8 @@ from flwr.serverapp.strategy import FedAvg
 from strategies.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
 from strategies.fedavg_rounds import RoleFedAvg, run_rounds
 from strategies.federation import RunStopped
-from strategies.lethe_math import apply_update, check_gamma, gamma_bounds, rectify, weighted_average
+from strategies.lethe_math import (apply_update, check_gamma, feasible_gamma_range, gamma_bounds, rectify,
+                                    weighted_average)
 from tasks.model import PLUGIN_PREFIX
 from tasks.plugins import specs_to_json
 
@@ -138,8 +139,10 @@ class Lethe(FedAvg, UnlearningMethod):
                      "gamma=%g inside the Prop. IV.1 bounds on %d of them", t, cfg["lethe-rectify-rounds"],
                      norms["retain"], norms["forget"], len(aligned), len(bounds), gamma,
                      sum(inside[k] for k in aligned))
-            history.append({k: {"lower": b[0], "upper": b[1], "gamma_inside": inside[k]}
-                            for k, b in bounds.items() if b is not None})
+            feasible = feasible_gamma_range(bounds)
+            history.append({"feasible_gamma": list(feasible) if feasible else None,
+                            "layers": {k: {"lower": b[0], "upper": b[1], "gamma_inside": inside[k]}
+                                       for k, b in bounds.items() if b is not None}})
         return state, history
 
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:

@@ -90,7 +90,7 @@ def test_lethe_rectifies_the_lora_adapter(runs):
     results, _ = runs["lethe"]
     assert results["cost"]["unlearn"]["rounds"] == 2  # 1 rectify + 1 restore
     bounds = results["method"]["gamma_bounds"]
-    assert len(bounds) == 1 and all("lora_" in name for name in bounds[0])
+    assert len(bounds) == 1 and all("lora_" in name for name in bounds[0]["layers"])
 
 
 @pytest.mark.parametrize("overrides,fragment", [

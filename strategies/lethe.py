@@ -31,33 +31,14 @@ from flwr.serverapp.strategy import FedAvg
 from strategies.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
 from strategies.fedavg_rounds import RoleFedAvg, run_rounds
 from strategies.federation import RunStopped
-from strategies.lethe_math import (apply_update, check_gamma, feasible_gamma_range, gamma_bounds, rectify,
-                                    weighted_average)
+from strategies.lethe_math import (apply_update, check_gamma, clip_to_reference, feasible_gamma_range, gamma_bounds,
+                                    layer_gammas, rectify, weighted_average)
 from tasks.model import PLUGIN_PREFIX
 from tasks.plugins import specs_to_json
 
 log = logging.getLogger("fedunlearn")
 
 State = dict[str, torch.Tensor]
-
-
-def clip_to_reference(update: State, reference: State, ratio: float) -> State:
-    """Scale ``update`` down so its global L2 norm is at most ``ratio`` x the reference's (0 = off).
-
-    Our safeguard, not the paper's: where the streams anti-align eq. 10 applies ``-Δu``, a gradient
-    *ascent* step on the forget data, and the forget loss grows round after round, so does ``Δu``;
-    measured on digits, this diverged to non-finite weights within 3-4 rounds. Bounding each
-    rectified step by the retain stream's size (a normal FedAvg step) keeps the direction of eq. 10
-    and the per-layer signs of Prop. IV.1 (a positive scale changes no inner-product sign).
-    """
-    if ratio <= 0:
-        return update
-    norm = torch.sqrt(sum((v.double() ** 2).sum() for v in update.values()))
-    limit = ratio * torch.sqrt(sum((v.double() ** 2).sum() for v in reference.values()))
-    if norm <= limit or norm == 0:
-        return update
-    scale = float(limit / norm)
-    return {k: v * scale for k, v in update.items()}
 
 
 def _stream(replies, start: State, keys: list[str]) -> tuple[State, int]:
@@ -125,8 +106,10 @@ class Lethe(FedAvg, UnlearningMethod):
                 raise RunStopped(f"phase 'unlearn' round {t}: a Lethe update stream is non-finite "
                                  f"(norms {norms}); lower lethe-lr")
             bounds = gamma_bounds(retain, forget)
-            inside = check_gamma(bounds, gamma)
-            update = clip_to_reference(rectify(retain, forget, gamma), retain, cfg["lethe-step-clip"])
+            gammas = layer_gammas(bounds, gamma, cfg["lethe-gamma-mode"])
+            inside = {k: check_gamma({k: b}, gammas[k])[k] for k, b in bounds.items()}
+            rectified = {k: rectify({k: retain[k]}, {k: forget[k]}, gammas[k])[k] for k in retain}
+            update = clip_to_reference(rectified, retain, cfg["lethe-step-clip"])
             state = {**state, **apply_update({k: state[k] for k in param_names}, update)}
             if buffer_names:
                 buffers, _ = _stream(retain_replies, state, buffer_names)
@@ -136,12 +119,13 @@ class Lethe(FedAvg, UnlearningMethod):
                                  "lower lethe-lr or lethe-gamma")
             aligned = [k for k, b in bounds.items() if b is not None]
             log.info("[lethe] rectify round %d/%d: |retain| %.3g |forget| %.3g; %d/%d layers aligned (s>0), "
-                     "gamma=%g inside the Prop. IV.1 bounds on %d of them", t, cfg["lethe-rectify-rounds"],
-                     norms["retain"], norms["forget"], len(aligned), len(bounds), gamma,
+                     "gamma (%s) inside the Prop. IV.1 bounds on %d of them", t, cfg["lethe-rectify-rounds"],
+                     norms["retain"], norms["forget"], len(aligned), len(bounds), cfg["lethe-gamma-mode"],
                      sum(inside[k] for k in aligned))
             feasible = feasible_gamma_range(bounds)
             history.append({"feasible_gamma": list(feasible) if feasible else None,
-                            "layers": {k: {"lower": b[0], "upper": b[1], "gamma_inside": inside[k]}
+                            "layers": {k: {"lower": b[0], "upper": b[1], "gamma": gammas[k],
+                                           "gamma_inside": inside[k]}
                                        for k, b in bounds.items() if b is not None}})
         return state, history
 

@@ -8,9 +8,11 @@ import torch
 from strategies.lethe_math import (
     apply_update,
     check_gamma,
+    clip_to_reference,
     feasible_gamma_range,
     gamma_bounds,
     layer_alignment,
+    layer_gammas,
     rectify,
     weighted_average,
 )
@@ -134,3 +136,29 @@ def test_mismatched_layers_name_the_layer():
         apply_update({"a": torch.ones(1)}, {"ghost": torch.ones(1)})
     with pytest.raises(ValueError, match="weights"):
         weighted_average([{"a": torch.ones(1)}], [0])
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("gamma", [1e-3, 0.2, 1.0, 100.0])
+def test_clamped_gammas_satisfy_proposition_for_any_configured_gamma(seed, gamma):
+    g = torch.Generator().manual_seed(seed)
+    forget = {f"l{i}": torch.randn(5, 4, generator=g) for i in range(4)}
+    retain = {k: 0.5 * v + 0.7 * torch.randn(5, 4, generator=g) for k, v in forget.items()}
+    gammas = layer_gammas(gamma_bounds(retain, forget), gamma, "clamp")
+    for k in retain:
+        out = rectify({k: retain[k]}, {k: forget[k]}, gammas[k])[k]
+        assert torch.dot(out.flatten(), forget[k].flatten()) <= 1e-5
+        assert torch.dot(out.flatten(), retain[k].flatten()) >= -1e-5
+    assert layer_gammas(gamma_bounds(retain, forget), gamma, "fixed") == {k: gamma for k in retain}
+
+
+def test_clip_to_reference_bounds_the_norm_and_keeps_direction():
+    update = {"a": torch.full((3,), 4.0), "b": torch.full((2,), 3.0)}
+    reference = {"a": torch.ones(3), "b": torch.zeros(2)}
+    out = clip_to_reference(update, reference, 2.0)
+    norm = torch.sqrt(sum((v ** 2).sum() for v in out.values()))
+    assert norm == pytest.approx(2.0 * 3 ** 0.5, rel=1e-6)
+    assert torch.allclose(out["a"] / out["a"].norm(), update["a"] / update["a"].norm())
+    assert clip_to_reference(update, reference, 0.0) is update
+    small = {"a": torch.full((3,), 0.1), "b": torch.zeros(2)}
+    assert clip_to_reference(small, reference, 1.0) is small

@@ -33,12 +33,12 @@ def write_random_cifar10(root: str, per_batch: int, seed: int) -> None:
     folder = os.path.join(root, "cifar-10-batches-py")
     os.makedirs(folder, exist_ok=True)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {b"data": rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8),
-                 b"labels": rng.integers(0, 10, size=per_batch).tolist()}
+        batch = {"data": rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8),
+                 "labels": rng.integers(0, 10, size=per_batch).tolist()}
         with open(os.path.join(folder, name), "wb") as handle:
             pickle.dump(batch, handle)
     with open(os.path.join(folder, "batches.meta"), "wb") as handle:
-        pickle.dump({b"label_names": [f"c{i}".encode() for i in range(10)]}, handle)
+        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, handle)
 
 
 def compare(label: str, base: dict, clients: int) -> None:
@@ -63,13 +63,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--scenarios", default="client,class,sample")
+    parser.add_argument("--scenarios", default="client,class,sample", help="digits scenarios; '' = none")
     parser.add_argument("--heavy", action="store_true", help="also cifar10-resnet18 on random CIFAR-format data")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="bench-fedup-")
     common = {"seed": args.seed, "cache-dir": os.path.join(work, "cache"), "outputs-dir": os.path.join(work, "out"),
               "continue-rounds": 0}
-    for scenario in args.scenarios.split(","):
+    for scenario in filter(None, args.scenarios.split(",")):
         compare(f"digits-lenet5 / {scenario}", {**common, "scenario": scenario}, args.clients)
     if args.heavy:
         data_dir = os.path.join(work, "data")

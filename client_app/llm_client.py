@@ -68,5 +68,5 @@ def evaluate(msg: Message, context: Context) -> Message:
     cfg, data, model, tokenizer = _client(context)
     load_adapter_state(model, msg.content["arrays"].to_torch_state_dict())
     metrics = client_llm_metrics(model, tokenizer, data, max_new_tokens=cfg["llm-max-new-tokens"],
-                                 batch_size=cfg["llm-eval-batch-size"])
+                                 batch_size=cfg["llm-eval-batch-size"], seed=cfg["seed"])
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

@@ -22,7 +22,7 @@ TINY_LLM = {"task": "llm-tofu", "method": "none", "scenario": "sample", "llm-num
             "llm-lr": 5e-3, "llm-batch-size": 8, "lethe-adapter-steps": 0, "lethe-rectify-rounds": 1,
             "lethe-restore-rounds": 1, "llm-lora-rank": 4, "llm-max-new-tokens": 6}
 LLM_KEYS = ("forget_fact_acc", "retain_fact_acc", "forget_rouge", "retain_rouge", "forget_truth", "retain_truth",
-            "kr", "forget_quality", "utility", "forget_acc")
+            "kr", "forget_quality", "utility", "forget_acc", "forget_mc_acc", "retain_mc_acc")
 
 
 def run_llm(cache, out, num_clients=4, **overrides):

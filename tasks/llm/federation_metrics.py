@@ -7,7 +7,9 @@ ratios, model outputs only), so pooled means weigh every record equally, whichev
 * ``{set}-n``, ``{set}-rouge`` (sum of ROUGE-L recall of the greedy answer), ``{set}-fact-n`` /
   ``{set}-fact-hits`` (records with a key fact / whose greedy answer contains it), ``{set}-prob``
   (sum of ``P(a|q)^(1/|a|)``), ``retain-truth`` (sum of ``max(0, 1 - TR)``), ``forget-tr`` (the list
-  of forget truth ratios ``TR_i``).
+  of forget truth ratios ``TR_i``), ``{set}-mc-n`` / ``{set}-mc-hits`` (the records asked as
+  multiple-choice questions — the answer among its perturbed answers, order shuffled with the run's
+  seed — and how many the model's option log-likelihood gets right).
 
 Pooled entry (fractions in [0, 1]; NaN -> ``null`` when a set is empty):
 ``forget_fact_acc, retain_fact_acc, forget_rouge, retain_rouge, forget_prob, retain_prob,
@@ -29,15 +31,22 @@ import math
 import torch
 
 from tasks.llm.forget_quality import TRUTH_RATIOS_KEY
-from tasks.llm.metrics import (answer_log_probs, fact_hits, generate_answers, harmonic_mean, rouge_l_recall,
-                               truth_ratios)
+from tasks.llm.data import as_multiple_choice
+from tasks.llm.metrics import (answer_log_probs, fact_hits, generate_answers, harmonic_mean,
+                               multiple_choice_accuracy, rouge_l_recall, truth_ratios)
 
 
-def _set_sums(model, tokenizer, records: list[dict], name: str, *, max_new_tokens: int, batch_size: int) -> dict:
+def _set_sums(model, tokenizer, records: list[dict], name: str, *, max_new_tokens: int, batch_size: int,
+              seed: int) -> dict:
     out: dict = {f"{name}-n": len(records)}
     if not records:
         return {**out, f"{name}-rouge": 0.0, f"{name}-fact-n": 0, f"{name}-fact-hits": 0, f"{name}-prob": 0.0,
+                f"{name}-mc-n": 0, f"{name}-mc-hits": 0,
                 **({"forget-tr": []} if name == "forget" else {"retain-truth": 0.0})}
+    choice_questions = as_multiple_choice(records, seed) if all(r.get("perturbed_answer") for r in records) else []
+    out[f"{name}-mc-n"] = len(choice_questions)
+    out[f"{name}-mc-hits"] = round(multiple_choice_accuracy(model, tokenizer, choice_questions, batch_size=batch_size)
+                                   * len(choice_questions)) if choice_questions else 0
     questions = [r["question"] for r in records]
     predictions = generate_answers(model, tokenizer, questions, max_new_tokens=max_new_tokens, batch_size=batch_size)
     out[f"{name}-rouge"] = float(sum(rouge_l_recall(predictions, [r["answer"] for r in records])))
@@ -54,12 +63,12 @@ def _set_sums(model, tokenizer, records: list[dict], name: str, *, max_new_token
     return out
 
 
-def client_llm_metrics(model, tokenizer, data, *, max_new_tokens: int, batch_size: int) -> dict:
+def client_llm_metrics(model, tokenizer, data, *, max_new_tokens: int, batch_size: int, seed: int) -> dict:
     """One client's sums and counts (module docstring), ready for a Flower MetricRecord."""
     out: dict = {}
     for name in ("forget", "retain"):
         out.update(_set_sums(model, tokenizer, data.evaluable(name), name,
-                             max_new_tokens=max_new_tokens, batch_size=batch_size))
+                             max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed))
     return out
 
 
@@ -70,7 +79,7 @@ def _ratio(num: float, den: float) -> float:
 def pool_llm_metrics(per_client: list[dict]) -> dict:
     """The results entry of one model from every client's sums (module docstring)."""
     total = {k: sum(float(c.get(k, 0)) for c in per_client)
-             for k in [f"{s}-{x}" for s in ("forget", "retain") for x in ("n", "rouge", "fact-n", "fact-hits", "prob")]
+             for k in [f"{s}-{x}" for s in ("forget", "retain") for x in ("n", "rouge", "fact-n", "fact-hits", "prob", "mc-n", "mc-hits")]
              + ["retain-truth"]}
     ratios = [float(v) for c in per_client for v in c.get("forget-tr", [])]
     forget_truth = sum(min(tr, 1.0 / tr) for tr in ratios) / len(ratios) if ratios else math.nan
@@ -83,6 +92,8 @@ def pool_llm_metrics(per_client: list[dict]) -> dict:
         "forget_rouge": _ratio(total["forget-rouge"], total["forget-n"]),
         "retain_rouge": retain[1],
         "forget_prob": _ratio(total["forget-prob"], total["forget-n"]),
+        "forget_mc_acc": _ratio(total["forget-mc-hits"], total["forget-mc-n"]),
+        "retain_mc_acc": _ratio(total["retain-mc-hits"], total["retain-mc-n"]),
         "retain_prob": retain[0],
         "forget_truth": forget_truth,
         "retain_truth": retain[2],

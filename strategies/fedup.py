@@ -116,7 +116,12 @@ class FedUP(FedAvg, UnlearningMethod):
                    "centroids_per_class": dict(sorted(Counter(labels.tolist()).items())),
                    "filter_final_loss": {k: v[-1] for k, v in history.items()},
                    "max_epsilon": max(epsilons) if all(math.isfinite(e) for e in epsilons) else None}
-        return UnlearnResult(ModelState(ArrayRecord(model.state_dict()), plugins), details)
+        # the base tensors are the original's own (not a round trip through the module, which would
+        # cast e.g. averaged BatchNorm counters), so unplugging gives the original bit for bit
+        prefix = f"{PLUGIN_PREFIX}{len(plugins) - 1}."
+        new_filter = {k: v for k, v in model.state_dict().items() if k.startswith(prefix)}
+        state = {**ctx.original.arrays.to_torch_state_dict(), **new_filter}
+        return UnlearnResult(ModelState(ArrayRecord(state), plugins), details)
 
     def restore(self, unlearned: ModelState, ctx: UnlearnContext) -> ModelState:
         """Unplug the filter this request added: the model it started from, bit for bit."""

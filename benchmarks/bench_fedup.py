@@ -47,7 +47,7 @@ def compare(label: str, base: dict, clients: int) -> None:
         results = results_of(run_inprocess({**base, "method": method}, clients))
         cost = results["cost"]["unlearn"]
         rows[method] = (cost, results["models"]["unlearned"], results["method"])
-    (r_cost, r_model, _), (f_cost, f_model, f_details) = rows["retrain"], rows["fedup"]
+    (r_cost, _, _), (f_cost, _, f_details) = rows["retrain"], rows["fedup"]
     r_bytes, f_bytes = r_cost["bytes_up"] + r_cost["bytes_down"], f_cost["bytes_up"] + f_cost["bytes_down"]
     print(f"\n== {label} ({clients} clients)")
     print(f"{'':10}{'seconds':>10}{'rounds':>8}{'bytes up':>12}{'bytes down':>12}{'retain':>8}{'forget':>8}")

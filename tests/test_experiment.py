@@ -9,7 +9,6 @@ import math
 import os
 
 import pytest
-import torch
 
 from server_app.inprocess import InProcessGrid
 from server_app.experiment import Experiment

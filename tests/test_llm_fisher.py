@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tasks.llm import fisher as fi
-from tiny_llm import PROMPT, VOCAB, make_batch, tiny_base, tiny_lora
+from tiny_llm import make_batch, tiny_base, tiny_lora
 
 def tiny_lora_model(seed: int = 0, trained_adapter: bool = True):
     """LoRA on q/v/down_proj; with ``trained_adapter`` B is random so adapter on/off differ."""

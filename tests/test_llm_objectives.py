@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from tasks.llm import objectives as obj
-from tiny_llm import PROMPT, VOCAB, make_batch, tiny_lora
+from tiny_llm import make_batch, tiny_lora
 
 
 def tiny_lora_model(seed: int = 0):

@@ -124,11 +124,18 @@ class Federation:
             else:
                 cost.bytes_up += message_bytes(reply)
                 valid.append(reply)
+        valid.sort(key=self._reply_order)
         needed = len(messages) if require_all else math.ceil(self.min_reply_fraction * len(messages))
         if len(valid) < needed:
             raise RoundFailed(f"phase '{self.phase}' round {round_no}: only {len(valid)} of "
                               f"{len(messages)} nodes replied, {needed} needed")
         return valid
+
+    def _reply_order(self, reply: Message) -> tuple[int, int]:
+        """Replies arrive in any order under Ray; sorting by client id makes every aggregation
+        (float sums, centroid concatenation) independent of arrival order: same seed, same result."""
+        node = reply.metadata.src_node_id
+        return (self.nodes[node].client_id if node in self.nodes else -1, node)
 
     def broadcast(self, node_ids: list[int], message_type: str, content: RecordDict, *,
                   round_no: int, require_all: bool = False) -> list[Message]:

@@ -24,6 +24,7 @@ from strategies.registry import method_for
 from tasks.config import Config, ConfigError, parse_config
 from tasks.diagnostics import forgetting_dispersion, pca_scatter_png, resurfacing_summary, rollback_tendency
 from tasks.llm.forget_quality import attach_forget_quality
+from tasks.plugins import specs_to_json
 from tasks.registry import build_task_model, check_task_setup, task_cache_key
 
 log = logging.getLogger("fedunlearn")
@@ -62,9 +63,13 @@ class Experiment:
     def train_config(self, **extra) -> ConfigRecord:
         return ConfigRecord({"epochs": self.cfg["local-epochs"], "lr": self.cfg["lr"], **extra})
 
-    def fedavg(self, arrays: ArrayRecord, role: str, rounds: int, label: str, after_round=None) -> ArrayRecord:
-        strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"], seed=self.cfg["seed"])
-        return run_rounds(self.fed, strategy, arrays, rounds=rounds, config=self.train_config(),
+    def fedavg(self, arrays: ArrayRecord, role: str, rounds: int, label: str, *, plugins: list[dict] = (),
+               seed_offset: int = 0, after_round=None) -> ArrayRecord:
+        """``rounds`` of FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged)."""
+        strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"],
+                              seed=self.cfg["seed"] + seed_offset)
+        return run_rounds(self.fed, strategy, arrays, rounds=rounds,
+                          config=self.train_config(plugins=specs_to_json(list(plugins))),
                           label=label, after_round=after_round)
 
     def fresh_model(self) -> ArrayRecord:
@@ -114,13 +119,8 @@ class Experiment:
             curve.append(evaluate_model(self.fed, self.cfg, ModelState(arrays, start.plugins))["forget_acc"])
             states.append(arrays.to_torch_state_dict())
 
-        arrays = start.arrays
-        if self.cfg["continue-rounds"]:
-            strategy = RoleFedAvg(self.fed, "retain", fraction_train=self.cfg["fraction-train"],
-                                  seed=self.cfg["seed"] + 1)
-            arrays = run_rounds(self.fed, strategy, start.arrays, rounds=self.cfg["continue-rounds"],
-                                config=self.train_config(plugins=_plugins_json(start)),
-                                label="continue", after_round=measure)
+        arrays = self.fedavg(start.arrays, "retain", self.cfg["continue-rounds"], "continue",
+                             plugins=start.plugins, seed_offset=1, after_round=measure)
         cost.seconds += time.perf_counter() - started - (self.fed.cost("evaluate").seconds - eval_before)
         return ModelState(arrays, start.plugins), curve, states
 
@@ -204,9 +204,3 @@ def _same_model(a: ModelState, b: ModelState) -> bool:
     """Same plug-ins and bit-identical tensors (what restoring a reversible method must give)."""
     sa, sb = a.arrays.to_torch_state_dict(), b.arrays.to_torch_state_dict()
     return a.plugins == b.plugins and sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-
-
-def _plugins_json(model: ModelState) -> str:
-    from tasks.plugins import specs_to_json
-
-    return specs_to_json(model.plugins)

@@ -5,9 +5,11 @@ Every handler rebuilds the client's data view from the run config and its node c
 behave the same. Raw data never leaves; replies carry model tensors, counts and model outputs.
 
 Messages (DESIGN.md): ``query.hello`` -> client id and counts; ``train`` (config: role,
-objective ``ce`` or ``adapter-ascent``, scope, plugins, epochs, lr, max-steps) -> arrays + num-examples/loss; ``evaluate``
+objective ``ce`` or ``adapter-ascent``, scope, plugins, epochs, lr, max-steps, report-loss-before) -> arrays +
+num-examples/loss (+ ``loss-before``: the received backbone's loss on the role's data, Lethe's adapter bypassed); ``evaluate``
 -> local metrics with counts and MIA confidences (config ``features``: plus a sample of
-penultimate features for the diagnostics); ``query.centroids`` (FedUP) -> DP centroids.
+penultimate features for the diagnostics); ``query.centroids`` (FedUP) -> DP centroids;
+``query.fisher`` (FIRM and its merge baselines, LLM task) -> task vector + diagonal Fisher.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from flwr.clientapp import ClientApp
 from client_app import llm_client
 from client_app.fedup_client import centroid_release
 from client_app.state import client_view, load_model
-from tasks.lethe_adapter import train_adapter_ascent
+from tasks.lethe_adapter import loss_without_adapter, train_adapter_ascent
 from tasks.metrics import client_metrics, feature_sample
 from tasks.model import PLUGIN_PREFIX
 from tasks.training import train_local
@@ -62,6 +64,7 @@ def train(msg: Message, context: Context) -> Message:
     x, y = data.split(role)
     seed = cfg["seed"] * 1_000_003 + int(conf.get("server-round", 0)) * 1009 + data.client_id
     lr = float(conf.get("lr", cfg["lr"]))
+    before = {"loss-before": loss_without_adapter(model, x, y)} if conf.get("report-loss-before", False) else {}
     if conf.get("objective", "ce") == "adapter-ascent":  # Lethe phase 1: only the adapter moves
         loss = train_adapter_ascent(model, len(model.plugins) - 1, (x, y), steps=int(conf["max-steps"]),
                                     lr=lr, seed=seed, batch_size=cfg["batch-size"],
@@ -74,7 +77,7 @@ def train(msg: Message, context: Context) -> Message:
                            batch_size=cfg["batch-size"], lr=lr, momentum=cfg["momentum"], seed=seed,
                            scope=scope, max_steps=int(conf.get("max-steps", 0)) or None, device=device)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in _uploaded_state(model, scope).items()})
-    metrics = MetricRecord({"num-examples": len(y), "loss": float(loss)})
+    metrics = MetricRecord({"num-examples": len(y), "loss": float(loss), **before})
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
 
@@ -101,3 +104,11 @@ def centroids(msg: Message, context: Context) -> Message:
     cfg, data, _ = client_view(context)
     model = load_model(cfg, msg.content["arrays"], str(msg.content["config"].get("plugins", "")))
     return Message(centroid_release(cfg, data, model), reply_to=msg)
+
+
+@app.query("fisher")
+def fisher(msg: Message, context: Context) -> Message:
+    """FIRM: task vector + diagonal Fisher of the received LoRA adapter (``client_app.llm_client``)."""
+    if not llm_client.handles(context):
+        raise ValueError("query.fisher (FIRM and the merge baselines) needs an LLM task (task='llm-tofu')")
+    return llm_client.fisher(msg, context)

@@ -2,8 +2,11 @@
 
 Same messages as the vision task: ``query.hello`` -> client id and record counts; ``train``
 (config: role, objective ``ce``/``ascent``/``npo``/``simnpo``, optional ``llm-epochs`` / ``llm-lr``,
-else the run's ``llm-local-epochs`` / ``llm-lr``) -> the trained LoRA adapter + num-examples/loss;
-``evaluate`` -> the sums of ``tasks.llm.federation_metrics``. Only the LoRA adapter travels (the
+else the run's ``llm-local-epochs`` / ``llm-lr``, optional ``report-loss-before``) -> the trained LoRA adapter +
+num-examples/loss (+ ``loss-before``, the received adapter's answer loss on those records);
+``evaluate`` -> the sums of ``tasks.llm.federation_metrics``; ``query.fisher`` (FIRM and the merge
+baselines; config: role, objective, llm-epochs, llm-lr, fisher-batches) -> ``task-vector`` and
+``fisher`` ArrayRecords on the adapter's keys + num-examples. Only the LoRA adapter travels (the
 base model is rebuilt from the config on every node). The vision keys ``epochs`` / ``lr`` that
 shared strategies put into train configs are ignored here: LLM training has its own settings.
 """
@@ -19,7 +22,9 @@ from tasks.config import Config, parse_config
 from tasks.llm.federation_data import LLMClientData, build_llm_client_data, is_llm_task, load_author_records
 from tasks.llm.federation_metrics import client_llm_metrics
 from tasks.llm.federation_model import local_update, task_llm
+from tasks.llm.firm_client import adapter_release
 from tasks.llm.model import adapter_state, load_adapter_state
+from tasks.llm.train import mean_answer_loss, qa_batches
 from tasks.training import device_for
 
 
@@ -56,11 +61,32 @@ def train(msg: Message, context: Context) -> Message:
     load_adapter_state(model, msg.content["arrays"].to_torch_state_dict())
     records = data.split(str(conf["role"]))
     seed = cfg["seed"] * 1_000_003 + int(conf.get("server-round", 0)) * 1009 + data.client_id
+    before = {}
+    if conf.get("report-loss-before", False):
+        before["loss-before"] = mean_answer_loss(model, qa_batches(records, tokenizer, cfg["llm-batch-size"], seed))
     loss = local_update(model, tokenizer, records, objective=str(conf.get("objective", "ce")), cfg=cfg,
                         epochs=int(conf.get("llm-epochs", cfg["llm-local-epochs"])),
                         lr=float(conf.get("llm-lr", cfg["llm-lr"])), seed=seed)
-    metrics = MetricRecord({"num-examples": len(records), "loss": float(loss)})
+    metrics = MetricRecord({"num-examples": len(records), "loss": float(loss), **before})
     return Message(RecordDict({"arrays": ArrayRecord(adapter_state(model)), "metrics": metrics}), reply_to=msg)
+
+
+def fisher(msg: Message, context: Context) -> Message:
+    """FIRM's one-shot release of the received (original) adapter on the records of ``role``: the task
+    vector after ``objective`` training and the diagonal Fisher at the received adapter (LoRA space).
+    The seed is ``train``'s, so a forget client's ``ascent`` task vector is exactly the update ``ga`` gets."""
+    cfg, data, model, tokenizer = _client(context)
+    conf = msg.content["config"]
+    load_adapter_state(model, msg.content["arrays"].to_torch_state_dict())
+    role = str(conf["role"])
+    seed = cfg["seed"] * 1_000_003 + int(conf.get("server-round", 0)) * 1009 + data.client_id
+    batches = qa_batches(data.split(role), tokenizer, cfg["llm-batch-size"], seed)
+    upload = adapter_release(model, batches, role=role, objective=str(conf["objective"]),
+                             epochs=int(conf["llm-epochs"]), lr=float(conf["llm-lr"]), seed=seed,
+                             fisher_batches=int(conf["fisher-batches"]))
+    content = {"task-vector": ArrayRecord(upload["task_vector"]), "fisher": ArrayRecord(upload["fisher"]),
+               "metrics": MetricRecord({"num-examples": upload["num_examples"]})}
+    return Message(RecordDict(content), reply_to=msg)
 
 
 def evaluate(msg: Message, context: Context) -> Message:

@@ -4,14 +4,18 @@
    attached between extractor and head; the client(s) holding forget data train only the adapter by
    bounded gradient ascent on it (eq. 6); the server averages the adapters by forget counts (class
    scenario: every client holding the class) and freezes it. Uploaded once, broadcast once.
-2. **Rectify** (``lethe-rectify-rounds``): each round the composite model goes to the forget
+2. **Rectify** (at most ``lethe-rectify-rounds``): each round the composite model goes to the forget
    clients (forget stream, eq. 7: ordinary local training on the forget data) and to the retained
    clients (retain stream, eq. 8, weighted by counts), both trained with ``lethe-lr`` for
    ``lethe-epochs`` (small, as the paper's 1e-3: the rule negates the forget stream when the
    streams anti-align, so a large forget step is a large ascent step); only the backbone trains. Per named
-   parameter tensor the server applies eq. 10 with ``lethe-gamma`` and eq. 11. Buffers (BatchNorm
-   statistics) are not parameters: they take the retain stream's average. Each round logs, per
-   layer, the Proposition IV.1 bounds of gamma and whether the chosen gamma is inside them.
+   parameter tensor the server applies eq. 10 with the gamma of ``lethe-gamma-mode`` (default
+   ``upper``: each layer's upper Prop. IV.1 bound) and eq. 11. Buffers (BatchNorm statistics) are
+   not parameters: they take the retain stream's average. Each round logs, per layer, the
+   Proposition IV.1 bounds of gamma and whether the chosen gamma is inside them. Our stopping rule
+   (the paper runs a fixed T): the forget clients report their forget loss of the received
+   backbone with the adapter bypassed; once its forget-count-weighted mean reaches
+   ``lethe-stop-loss`` the phase ends before the retained clients are asked for that round.
 3. **Restore** (``lethe-restore-rounds``): the adapter is dropped and FedAvg runs on retained
    clients.
 
@@ -49,6 +53,14 @@ def _stream(replies, start: State, keys: list[str]) -> tuple[State, int]:
         updates.append({k: state[k] - start[k] for k in keys})
         weights.append(int(reply.content["metrics"]["num-examples"]))
     return weighted_average(updates, weights), sum(weights)
+
+
+def _forget_loss(replies) -> float:
+    """Forget-count-weighted mean of the forget clients' ``loss-before`` (the received backbone's
+    forget loss, adapter bypassed)."""
+    counts = [int(r.content["metrics"]["num-examples"]) for r in replies]
+    losses = [float(r.content["metrics"]["loss-before"]) for r in replies]
+    return sum(n * v for n, v in zip(counts, losses)) / max(1, sum(counts))
 
 
 class Lethe(FedAvg, UnlearningMethod):
@@ -94,10 +106,16 @@ class Lethe(FedAvg, UnlearningMethod):
         for t in range(1, cfg["lethe-rectify-rounds"] + 1):
             local = {"scope": "base", "lr": cfg["lethe-lr"], "epochs": cfg["lethe-epochs"]}
             forget_replies = self._send(ctx, fed.nodes_with("n-forget"), state, plugins, role="forget",
-                                        round_no=t, require_all=True, **local)
+                                        round_no=t, require_all=True, **{"report-loss-before": True}, **local)
+            fed.cost(fed.phase).rounds += 1
+            forget_loss = _forget_loss(forget_replies)
+            if forget_loss >= cfg["lethe-stop-loss"]:
+                log.info("[lethe] rectify round %d: the backbone's forget loss %.3g >= lethe-stop-loss %g: "
+                         "rectification stops", t, forget_loss, cfg["lethe-stop-loss"])
+                history.append({"forget_loss": forget_loss, "stopped": True})
+                break
             retain_replies = self._send(ctx, fed.nodes_with("n-retain"), state, plugins, role="retain",
                                         round_no=t, require_all=False, **local)
-            fed.cost(fed.phase).rounds += 1
             forget, _ = _stream(forget_replies, state, param_names)
             retain, _ = _stream(retain_replies, state, param_names)
             norms = {name: float(torch.sqrt(sum((v.double() ** 2).sum() for v in stream.values())))
@@ -123,7 +141,7 @@ class Lethe(FedAvg, UnlearningMethod):
                      norms["retain"], norms["forget"], len(aligned), len(bounds), cfg["lethe-gamma-mode"],
                      sum(inside[k] for k in aligned))
             feasible = feasible_gamma_range(bounds)
-            history.append({"feasible_gamma": list(feasible) if feasible else None,
+            history.append({"forget_loss": forget_loss, "feasible_gamma": list(feasible) if feasible else None,
                             "layers": {k: {"lower": b[0], "upper": b[1], "gamma": gammas[k],
                                            "gamma_inside": inside[k]}
                                        for k, b in bounds.items() if b is not None}})

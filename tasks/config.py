@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 LLM_TASKS = ("llm-tofu",)
 TASKS = ("digits-lenet5", "mnist-lenet5", "cifar10-resnet18", "cifar100-resnet34", "cifar10-vit") + LLM_TASKS
-LLM_METHODS = ("ga", "npo", "simnpo")
+MERGE_BASELINES = ("avg", "sum", "ties", "fulm")
+LLM_METHODS = ("ga", "npo", "simnpo", "firm") + MERGE_BASELINES
 METHODS = ("none", "retrain", "fedup", "lethe") + LLM_METHODS
 SCENARIOS = ("client", "class", "sample")
 POISONS = ("label-flip", "backdoor")
@@ -56,6 +57,12 @@ def _open_unit(include_one: bool) -> tuple[Callable[[Any], bool], str]:
     if include_one:
         return (lambda v: 0 < v <= 1), "in (0, 1]"
     return (lambda v: 0 < v < 1), "in (0, 1)"
+
+
+def _finite(low: float, include_low: bool) -> tuple[Callable[[Any], bool], str]:
+    if include_low:
+        return (lambda v: low <= v < math.inf), f">= {low:g} and finite"
+    return (lambda v: low < v < math.inf), f"> {low:g} and finite"
 
 
 def _s(key: str, kind: type, default: Any, help: str, rule=None) -> Setting:
@@ -143,21 +150,24 @@ SETTINGS: tuple[Setting, ...] = (
     _s("lethe-gamma", float, 0.2, "rectification penalty gamma of eq. 10", _positive()),
     _s("lethe-adapter-steps", int, 50, "gradient-ascent steps of the temporary adapter; 0 = no adapter",
        _at_least(0)),
-    _s("lethe-adapter-lr", float, 1.0,
-       "adapter learning rate (large: the memorised forget set's loss starts near 0, so are its gradients)",
-       _positive()),
-    _s("lethe-adapter-max-loss", float, 3.0,
+    _s("lethe-adapter-lr", float, 0.05,
+       "length of each normalised adapter ascent step (global L2 norm of the adapter's change)", _positive()),
+    _s("lethe-adapter-max-loss", float, 10.0,
        "adapter ascent stops once a batch's forget loss reaches this (bounded amplification)", _positive()),
     _s("lethe-lr", float, 0.005,
        "local learning rate of both streams during rectification (the paper uses 1e-3 for CV)", _positive()),
     _s("lethe-epochs", int, 1, "local epochs of both streams per rectification round (paper: 1)", _positive()),
-    _s("lethe-gamma-mode", str, "clamp",
-       "fixed: lethe-gamma in every layer (paper); clamp: clipped into each layer's Prop. IV.1 bounds",
-       _one_of(("fixed", "clamp"))),
+    _s("lethe-gamma-mode", str, "upper",
+       "fixed: lethe-gamma in every layer (paper); clamp: clipped into each layer's Prop. IV.1 bounds; "
+       "upper: each layer's upper Prop. IV.1 bound (strongest forgetting it allows)",
+       _one_of(("fixed", "clamp", "upper"))),
     _s("lethe-step-clip", float, 1.0,
        "each rectified update is scaled to at most this x the retain stream's L2 norm; 0 = off",
        _at_least(0)),
-    _s("lethe-rectify-rounds", int, 5, "dual-stream rectification rounds", _at_least(0)),
+    _s("lethe-rectify-rounds", int, 10, "most dual-stream rectification rounds", _at_least(0)),
+    _s("lethe-stop-loss", float, 20.0,
+       "rectification stops once the forget clients' mean forget loss (nats, backbone without the "
+       "adapter) reaches this; inf = always lethe-rectify-rounds", _positive()),
     _s("lethe-restore-rounds", int, 5, "FedAvg rounds on retained clients after the adapter is dropped",
        _at_least(0)),
     # LLM task (llm-tofu): TOFU-style fictitious authors, LoRA on a causal LM (docs/llm.md)
@@ -175,14 +185,35 @@ SETTINGS: tuple[Setting, ...] = (
        _positive()),
     _s("llm-lr", float, 5e-3, "local AdamW learning rate of the LoRA adapter", _positive()),
     _s("llm-batch-size", int, 16, "local mini-batch size (QA pairs)", _positive()),
-    _s("llm-unlearn-epochs", int, 3, "epochs of the one-round ga/npo/simnpo unlearning on forget clients",
+    _s("llm-unlearn-epochs", int, 3,
+       "epochs of the one-round ga/npo/simnpo unlearning on forget clients and of every FIRM/merge client release",
        _positive()),
-    _s("llm-unlearn-lr", float, 1e-3, "learning rate of the ga/npo/simnpo unlearning", _positive()),
+    _s("llm-unlearn-lr", float, 1e-3, "learning rate of the ga/npo/simnpo unlearning and of the FIRM/merge releases",
+       _positive()),
     _s("llm-npo-beta", float, 0.1, "NPO beta", _positive()),
     _s("llm-simnpo-beta", float, 2.5, "SimNPO beta", _positive()),
     _s("llm-simnpo-gamma", float, 0.0, "SimNPO reward margin gamma", _at_least(0)),
     _s("llm-max-new-tokens", int, 16, "greedy tokens generated per answer when evaluating", _positive()),
     _s("llm-eval-batch-size", int, 32, "evaluation batch size", _positive()),
+    # FIRM (paper 002) and its merge baselines on the LLM task: one query.fisher round, one merge (docs/firm.md)
+    _s("firm-gamma", float, 1.0, "FIRM base-merge scale gamma of gamma * (D_F + D_R) (paper: 1)", _finite(0, True)),
+    _s("firm-alpha", float, 0.1, "share of each normalised Fisher kept (Top-alpha sparsification)", _open_unit(True)),
+    _s("firm-eps0", float, 1e-8, "Fisher normalisation / merge denominator epsilon_0", _finite(0, False)),
+    _s("firm-epsilon", float, math.inf,
+       "retention budget per tensor and retain client of the projection; inf = FIRM-base (no projection)",
+       _positive()),
+    _s("firm-forget-objective", str, "ascent", "forget clients' local objective (retain clients: ce)",
+       _one_of(("ascent", "rmu"))),
+    _s("firm-fisher-batches", int, 20, "single sequences per client the diagonal Fisher is averaged over",
+       _positive()),
+    _s("avg-scale", float, 1.0, "AVG merge: scale x mean of forget and retain task vectors", _finite(0, False)),
+    _s("sum-scale", float, 1.0, "SUM merge: scale x sum of forget task vectors", _finite(0, False)),
+    _s("ties-scale", float, 1.0, "TIES merge of forget task vectors: scale", _finite(0, False)),
+    _s("ties-density", float, 0.2, "TIES: share of each task vector's entries kept (per tensor)", _open_unit(True)),
+    _s("fulm-scale", float, 1.0, "FULM merge of forget and retain task vectors: scale", _finite(0, False)),
+    _s("fulm-threshold", float, 0.6, "FULM: cosine similarity that links two task vectors into one cluster",
+       ((lambda v: -1 <= v <= 1), "in [-1, 1]")),
+    _s("fulm-density", float, 0.3, "FULM: TIES density inside each cluster", _open_unit(True)),
 )
 
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}

@@ -102,6 +102,19 @@ def test_lethe_runs_its_three_phases(tmp_path):
     assert math.isfinite(results["models"]["unlearned"]["test_acc"])
 
 
+def test_lethe_rectification_stops_once_the_forget_loss_is_reached(tmp_path):
+    results, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor",
+                        **{"lethe-rectify-rounds": 3, "lethe-stop-loss": 1e-6})
+    history = results["method"]["gamma_bounds"]
+    assert len(history) == 1 and history[0]["stopped"] is True and history[0]["forget_loss"] >= 1e-6
+    # amplify (1) + the stopping round, forget clients only (1) + restore (1), not 3 rectify rounds
+    assert results["cost"]["unlearn"]["rounds"] == 3
+    unlimited, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor",
+                          **{"lethe-rectify-rounds": 2, "lethe-stop-loss": float("inf")})
+    assert [("stopped" in h) for h in unlimited["method"]["gamma_bounds"]] == [False, False]
+    assert all(h["forget_loss"] >= 0 for h in unlimited["method"]["gamma_bounds"])
+
+
 def test_lethe_stops_clearly_when_the_forget_client_fails(tmp_path):
     with pytest.raises(RoundFailed, match="phase 'unlearn' round 1"):
         run(tmp_path, method="lethe", scenario="client", poison="backdoor", **{"forget-client": 1},

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tasks.lethe_adapter import LetheAdapter, train_adapter_ascent
+from tasks.lethe_adapter import LetheAdapter, loss_without_adapter, train_adapter_ascent
 from tasks.model import SplitModel, base_state
 
 DIM, CLASSES = 8, 3
@@ -104,3 +104,26 @@ def test_bad_arguments_are_rejected():
         train_adapter_ascent(model, 0, data, steps=1, lr=0.0, seed=0)
     with pytest.raises(ValueError, match="dim"):
         LetheAdapter(0, seed=0)
+
+
+def test_loss_without_adapter_measures_the_backbone_alone():
+    x, y = forget_data()
+    plain = tiny_model()
+    model = with_adapter()
+    model.load_state_dict({**model.state_dict(), **plain.state_dict()})
+    train_adapter_ascent(model, 0, (x, y), steps=30, lr=0.5, seed=7)
+    backbone_loss = forget_loss(plain, x, y)
+    assert forget_loss(model, x, y) > backbone_loss + 0.1  # the composite is amplified
+    model.train()
+    assert loss_without_adapter(model, x, y, batch_size=5) == pytest.approx(backbone_loss, rel=1e-5)
+    assert model.training  # flag restored
+    with pytest.raises(ValueError, match="at least one sample"):
+        loss_without_adapter(model, x[:0], y[:0])
+
+
+def test_each_ascent_step_moves_the_adapter_by_lr():
+    model = with_adapter()
+    before = [p.detach().clone() for p in model.plugins[0].parameters()]
+    metrics = train_adapter_ascent(model, 0, forget_data(), steps=1, lr=0.3, seed=2, max_loss=1e6)
+    moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(model.plugins[0].parameters(), before)))
+    assert metrics["steps"] == 1 and float(moved) == pytest.approx(0.3, rel=1e-4)

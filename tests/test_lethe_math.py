@@ -162,3 +162,24 @@ def test_clip_to_reference_bounds_the_norm_and_keeps_direction():
     assert clip_to_reference(update, reference, 0.0) is update
     small = {"a": torch.full((3,), 0.1), "b": torch.zeros(2)}
     assert clip_to_reference(small, reference, 1.0) is small
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_upper_gamma_is_the_strongest_forgetting_that_keeps_the_retain_stream(seed):
+    g = torch.Generator().manual_seed(seed)
+    forget = {f"l{i}": torch.randn(5, 4, generator=g) for i in range(4)}
+    retain = {k: 0.5 * v + 0.7 * torch.randn(5, 4, generator=g) for k, v in forget.items()}
+    bounds = gamma_bounds(retain, forget)
+    upper = layer_gammas(bounds, 0.2, "upper")
+    clamped = layer_gammas(bounds, 0.2, "clamp")
+    for k in retain:
+        out = rectify({k: retain[k]}, {k: forget[k]}, upper[k])[k]
+        if bounds[k] is None:
+            assert upper[k] == 0.2
+            continue
+        assert upper[k] == bounds[k][1] >= clamped[k]
+        # on the upper bound the update is orthogonal to the retain stream ...
+        assert torch.dot(out.flatten(), retain[k].flatten()) == pytest.approx(0.0, abs=1e-4)
+        # ... and opposes the forget stream at least as much as any clamped gamma's update
+        mild = rectify({k: retain[k]}, {k: forget[k]}, clamped[k])[k]
+        assert torch.dot(out.flatten(), forget[k].flatten()) <= torch.dot(mild.flatten(), forget[k].flatten()) + 1e-5

@@ -22,6 +22,12 @@ Choices (the paper is silent or our setting differs):
 * Fisher data: the client's own batches, ``fisher_batches`` single sequences in data order (App. C: 20).
 * RMU's layer defaults to the middle decoder layer (``len(layers) // 2``; the WMDP 7B runs use layer 7
   of 32), its other settings to ``tasks.llm.objectives.RMULoss``'s.
+
+``adapter_release`` is what a client of the federation sends in reply to ``query.fisher``: there the
+original model is the base weights plus the trained federated adapter, so the release is taken in the
+LoRA space of that adapter (``space="lora"``; its B is not zero, so both A and B have a Fisher) and
+keyed like ``tasks.llm.model.adapter_state``, the names the federation's model state uses. The server
+adds the merged update to the original adapter and gets an ordinary adapter back (docs/firm.md).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from collections.abc import Sequence
 import torch
 
 from tasks.llm.fisher import SPACES, diagonal_fisher, lora_state, task_vector
+from tasks.llm.model import adapter_keys
 from tasks.llm.objectives import decoder_layers, make_objective
 from tasks.llm.train import finetune
 
@@ -95,3 +102,14 @@ def firm_release(
         "fisher": fisher,
         "num_examples": sum(int(b["input_ids"].shape[0]) for b in batches),
     }
+
+
+def adapter_release(model, batches: Sequence[dict[str, torch.Tensor]], **settings) -> dict:
+    """``firm_release`` of the adapter as loaded (the reference), in its LoRA space, with the task vector
+    and Fisher keyed like ``adapter_state(model)``. ``settings``: ``firm_release``'s keyword arguments
+    except ``space``."""
+    upload = firm_release(model, None, batches, space="lora", **settings)
+    keys = adapter_keys(model)
+    renamed = {part: {keys[name]: tensor for name, tensor in upload[part].items()}
+               for part in ("task_vector", "fisher")}
+    return {**renamed, "num_examples": upload["num_examples"]}

@@ -126,6 +126,14 @@ def adapter_state(model) -> dict[str, torch.Tensor]:
             for key, value in get_peft_model_state_dict(model).items()}
 
 
+def adapter_keys(model) -> dict[str, str]:
+    """``{parameter name: adapter_state key}`` for every adapter tensor. peft drops the adapter's name
+    from the keys it saves (``...q_proj.lora_A.default.weight`` -> ``...q_proj.lora_A.weight``); the two
+    are matched by storage, not by that naming rule."""
+    by_storage = {value.data_ptr(): key for key, value in get_peft_model_state_dict(model).items()}
+    return {name: by_storage[p.data_ptr()] for name, p in model.named_parameters() if p.data_ptr() in by_storage}
+
+
 def load_adapter_state(model, state: dict[str, torch.Tensor]) -> None:
     """Load adapter weights produced by `adapter_state` into ``model`` (cast to each parameter's
     dtype and device). Keys must match the model's adapter keys exactly."""

@@ -83,6 +83,21 @@ def answer_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
                  labels=batch["labels"]).loss
 
 
+@torch.no_grad()
+def mean_answer_loss(model, batches: Sequence[dict[str, torch.Tensor]]) -> float:
+    """Mean of :func:`answer_loss` over ``batches`` in eval mode (no dropout, no gradients)."""
+    if not batches:
+        raise ValueError("mean_answer_loss needs at least one batch")
+    was_training = model.training
+    model.eval()
+    device = _device_of(model)
+    try:
+        losses = [float(answer_loss(model, {k: v.to(device) for k, v in b.items()})) for b in batches]
+    finally:
+        model.train(was_training)
+    return sum(losses) / len(losses)
+
+
 def _device_of(model) -> torch.device:
     return next(model.parameters()).device
 

@@ -37,9 +37,11 @@ Pipeline (paper 002, Sec. 4.2 and Appendix B/C), applied per named tensor:
 
 The solver works in float64 on the support where some ``F_k > 0`` (elsewhere the coordinate is
 untouched and contributes nothing to any b_k), gathered once; the Top-alpha sparsification keeps that
-support at most m * alpha of the tensor. Value, gradient and Hessian of the dual come from one fused
-pass over it. Unlike the paper's implementation no extra ``eps0`` is added to the denominator
-``1 + s``: it is >= 1 already.
+support at most m * alpha of the tensor. On a large support it starts from the multipliers of the dual
+on a strided sample of the support; value, gradient and (when a step needs it) Hessian of the dual
+come from one chunked pass over the support, and the pass that ends the solve also writes the
+projected update and its certificate. Unlike the paper's implementation no extra ``eps0`` is added to
+the denominator ``1 + s``: it is >= 1 already.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy
 import torch
 
 TensorDict = dict[str, torch.Tensor]
@@ -55,6 +58,10 @@ TensorDict = dict[str, torch.Tensor]
 _KKT_TOLERANCE = 1e-10
 _MAX_ITERATIONS = 500
 _MAX_SCALAR_EVALUATIONS = 200
+_SAMPLE_STRIDE = 64  # _starting_point solves the dual on every 64th support coordinate ...
+_MIN_SAMPLE = 4096  # ... when that gives at least this many
+_CHUNK = 65536  # support coordinates per chunk of a dual evaluation: its float64 temporaries stay in cache
+_HESSIAN_SKIP = 1e-4  # KKT residual below which a Newton candidate is expected to end the solve
 
 
 # --------------------------------------------------------------------------------------------- checks
@@ -309,69 +316,152 @@ def proxy_damage(update: torch.Tensor, fisher: torch.Tensor) -> float:
     return float((fisher.reshape(-1).to(torch.float64) * x * x).sum())
 
 
+class _Workspace:
+    """Named scratch tensors, reused by every projection of one ``firm_project_all`` call.
+
+    Freshly allocated multi-megabyte tensors are paid for in page faults (the CPU allocator hands large
+    blocks back to the system on free), about as much as a pass of arithmetic over them; the support
+    mask, the gathered support arrays and the solver's work vectors are therefore taken from here and
+    grow only when a tensor needs more room than the previous ones.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, key: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A contiguous tensor of ``shape`` (uninitialised), backed by the buffer named ``key``."""
+        numel = math.prod(shape)
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.numel() < numel or buffer.dtype != dtype or buffer.device != device:
+            buffer = torch.empty(numel, dtype=dtype, device=device)
+            self._buffers[key] = buffer
+        return buffer[:numel].view(shape)
+
+
 class _Dual:
     """The dual of one projection problem on its support, in float64.
 
-    Only coordinates with ``base != 0`` and some ``F_k > 0`` enter (elsewhere x = base and no b_k
-    changes). ``b2`` (n,) holds base^2 there and ``F`` (m, n) the Fishers; for every k the positions
-    where ``F_k > 0`` and the products ``F_k * base^2`` are precomputed once, so the one-multiplier
-    solves touch only that constraint's own support (Top-alpha keeps ~alpha of each tensor).
+    ``b2`` (n,) holds base^2 on the support S (coordinates where some F_k > 0) and ``F`` (m, n) the
+    Fishers there. With ``base`` (base on S, float64) and ``x_support`` (a buffer of the update's dtype)
+    an evaluation can also deliver the projected update and its certificate (``deliver``). Work vectors
+    come from a ``_Workspace``. The positions and products a one-multiplier solve needs (``F_k > 0``
+    within S, ``F_k * base^2``) are built on first use: with a starting point from ``_starting_point``
+    the coordinate sweeps are only a fallback.
     """
 
-    def __init__(self, b2: torch.Tensor, F: torch.Tensor, epsilon: float):
+    def __init__(
+        self,
+        b2: torch.Tensor,
+        F: torch.Tensor,
+        epsilon: float,
+        workspace: _Workspace,
+        base: torch.Tensor | None = None,
+        x_support: torch.Tensor | None = None,
+    ):
         self.b2 = b2
         self.b2_sum = float(b2.sum())
         self.F = F
         self.epsilon = epsilon
-        self.m = F.shape[0]
-        self.own = []
-        for k in range(self.m):
-            positions = (F[k] > 0).nonzero().squeeze(1)
-            fk = F[k].index_select(0, positions)
-            self.own.append((positions, fk, fk * b2.index_select(0, positions)))
-        # Work buffers reused by every evaluation: fresh multi-megabyte tensors cost page faults.
-        self._u = torch.empty_like(b2)
-        self._d = torch.empty_like(b2)
-        self._e = torch.empty_like(b2)
-        largest = max(fk.numel() for _, fk, _ in self.own)
-        self._inv = torch.empty(largest, dtype=b2.dtype, device=b2.device)
-        self._w = torch.empty_like(self._inv)
+        self.m, n = F.shape
+        self._base, self._x = base, x_support
+        self._one = torch.ones((), dtype=b2.dtype, device=b2.device)
+        self._e = workspace.get("dual_e", (n,), b2.dtype, b2.device)
+        self._p = workspace.get("dual_p", (n,), b2.dtype, b2.device)
+        chunk = min(n, _CHUNK)
+        self._u = workspace.get("dual_u", (chunk,), b2.dtype, b2.device)
+        self._t = workspace.get("dual_t", (chunk,), b2.dtype, b2.device)
+        self._g = workspace.get("dual_g", (self.m, chunk), b2.dtype, b2.device)
+        self._h = workspace.get("dual_h", (self.m, chunk), b2.dtype, b2.device)
+        self._delivered: tuple | None = None
+        self._own: list[tuple | None] = [None] * self.m
 
-    def evaluate(self, lam: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
-        """Dual value, damages b_k(x(lambda)) (the gradient is damages - eps) and Hessian, one pass.
+    def evaluate(
+        self, lam: torch.Tensor, hessian: bool = True, deliver: bool = False
+    ) -> tuple[float, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Dual value, damages b_k(x(lambda)) (the gradient is damages - eps) and, if asked, the Hessian
+        and the third derivatives.
 
         With ``u = 1 / (1 + s)``: value ``sum b2 (1 - u) - eps sum lambda``, damages ``F @ (b2 u^2)``,
-        Hessian ``H_kl = -2 sum_j F_k F_l b2 u^3``.
+        Hessian ``H_kl = -2 sum_j F_k F_l b2 u^3``, third derivatives
+        ``T_klm = 6 sum_j F_k F_l F_m b2 u^4``. One pass over the support in chunks of ``_CHUNK``
+        coordinates, so each chunk of ``F`` is read from memory once and the temporaries stay in cache.
+        ``deliver`` also writes ``x = base * u`` in the update's dtype to ``x_support`` and keeps, for
+        ``delivered``, the damages of that rounded x and its largest stationarity error
+        ``|x (1 + s) - base|``, so the evaluation that ends the solve also yields its result.
         """
-        u, d, e = self._u, self._d, self._e
-        torch.mv(self.F.t(), lam, out=u)
-        u.add_(1).reciprocal_()
-        torch.mul(self.b2, u, out=d)
-        value = self.b2_sum - float(d.sum()) - self.epsilon * float(lam.sum())
-        d.mul_(u)
-        damages = self.F @ d
-        u.mul_(d)
-        hessian = torch.empty(self.m, self.m, dtype=lam.dtype, device=lam.device)
-        for k in range(self.m):
-            hessian[k] = self.F @ torch.mul(self.F[k], u, out=e)
-        return value, damages, hessian.mul_(-2.0)
+        n = self.b2.numel()
+        damages = torch.zeros(self.m, dtype=lam.dtype, device=lam.device)
+        second = torch.zeros(self.m, self.m, dtype=lam.dtype, device=lam.device) if hessian else None
+        third = torch.zeros(self.m, self.m, self.m, dtype=lam.dtype, device=lam.device) if hessian else None
+        delivered_damages = torch.zeros_like(damages) if deliver else None
+        weighted_sum, worst_stationarity = 0.0, 0.0
+        for start in range(0, n, _CHUNK):
+            stop = min(start + _CHUNK, n)
+            f = self.F[:, start:stop]
+            u, t, g = self._u[: stop - start], self._t[: stop - start], self._g[:, : stop - start]
+            torch.addmv(self._one, f.t(), lam, out=u).reciprocal_()
+            torch.mul(self.b2[start:stop], u, out=t)
+            weighted_sum += float(t.sum())
+            damages.addmv_(f, t.mul_(u))
+            if second is not None:
+                second.addmm_(torch.mul(f, t.mul_(u), out=g), f.t())
+                torch.mul(f, t.mul_(u), out=g)
+                for l in range(self.m):
+                    third[:, l].addmm_(torch.mul(g, f[l], out=self._h[:, : stop - start]), f.t())
+            if delivered_damages is not None:
+                base = self._base[start:stop]
+                x = self._x[start:stop].copy_(torch.mul(base, u, out=t))
+                rounded = t.copy_(x)
+                low, high = torch.aminmax(torch.addcdiv(base, rounded, u, value=-1.0, out=g[0]))
+                worst_stationarity = max(worst_stationarity, -float(low), float(high))
+                delivered_damages.addmv_(f, rounded.square_())
+        if delivered_damages is not None:
+            self._delivered = (lam.clone(), delivered_damages, worst_stationarity)
+        value = self.b2_sum - weighted_sum - self.epsilon * float(lam.sum())
+        if second is None:
+            return value, damages, None, None
+        return value, damages, second.mul_(-2.0), third.mul_(6.0)
 
-    def maximise_coordinate(self, lam: torch.Tensor, k: int, tolerance: float = 1e-13) -> tuple[torch.Tensor, int]:
+    def delivered(self, lam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """``(x on the support in the update's dtype, b_k of that x, max_j |x_j (1 + s_j) - base_j|)``
+        at ``lam``, from the last delivering evaluation when it was at ``lam``."""
+        if self._delivered is None or not torch.equal(self._delivered[0], lam):
+            self.evaluate(lam, hessian=False, deliver=True)
+        return self._x, self._delivered[1], self._delivered[2]
+
+    def _own_support(self, k: int) -> tuple:
+        """(positions of F_k > 0 within S or None for all of S, F_k there, F_k * base^2 there)."""
+        if self._own[k] is None:
+            fk = self.F[k]
+            positions = None if self.m == 1 else (fk > 0).nonzero().squeeze(1)
+            if positions is not None:
+                fk = fk.index_select(0, positions)
+            b2 = self.b2 if positions is None else self.b2.index_select(0, positions)
+            self._own[k] = (positions, fk, fk * b2)
+        return self._own[k]
+
+    def maximise_coordinate(
+        self, lam: torch.Tensor, k: int, tolerance: float = 1e-13, start: float = 0.0
+    ) -> tuple[torch.Tensor, int]:
         """Maximiser over lambda_k >= 0 with the others fixed: the root of b_k = eps, or 0.
 
         On the support of F_k, with r = 1 + sum_{l != k} lambda_l F_l,
         ``b_k(t) = sum_j (base_j^2 / F_k(j)) / (r_j / F_k(j) + t)^2`` has the form of a trust-region
         secular equation, so ``psi(t) = b_k(t)^(-1/2)`` is increasing and concave in t >= 0
-        (More & Sorensen, 1983). Newton's method on ``psi(t) = eps^(-1/2)`` started at t = 0 (where
-        b_k > eps) therefore never passes the root and converges quadratically; it stops when
-        ``b_k - eps <= tolerance * eps`` or the step stops moving t. psi is exactly linear when F_k is
-        constant on its support, so one step suffices there. Returns the new multipliers and the
-        number of b_k evaluations.
+        (More & Sorensen, 1983). A Newton step on ``psi(t) = eps^(-1/2)`` from any t therefore lands at
+        or before the root (the tangent lies above psi); from there Newton never passes the root and
+        converges quadratically. So: from ``start`` (0, or an estimate of the root), one step back when
+        it lies past the root (clipped at 0), then Newton until ``b_k - eps <= tolerance * eps`` or the
+        step stops moving t. psi is exactly linear when F_k is constant on its support, so one step
+        suffices there. Returns the new multipliers and the number of b_k evaluations.
         """
-        positions, fk, weighted = self.own[k]
+        positions, fk, weighted = self._own_support(k)
         n = fk.numel()
-        rest = (lam @ self.F).index_select(0, positions).add_(1).sub_(fk, alpha=float(lam[k]))
-        inv, w = self._inv[:n], self._w[:n]
+        if self.m == 1:
+            rest = self._one
+        else:
+            rest = (lam @ self.F).index_select(0, positions).add_(1).sub_(fk, alpha=float(lam[k]))
+        inv, w = self._e[:n], self._p[:n]
         target = self.epsilon ** -0.5
 
         def evaluate(t: float) -> tuple[float, float]:
@@ -380,17 +470,23 @@ class _Dual:
             b = float(w.sum())
             return b, -2.0 * float(torch.dot(w.mul_(fk), inv))
 
+        def newton(t: float, b: float, slope: float) -> float:
+            psi = b ** -0.5
+            return (target - psi) / (-0.5 * psi / b * slope)
+
         out = lam.clone()
-        t = 0.0
+        t = start
         b, slope = evaluate(t)
         evaluations = 1
-        if b <= self.epsilon:
+        if t > 0.0 and b < self.epsilon:
+            t = max(t + newton(t, b, slope), 0.0)
+            b, slope = evaluate(t)
+            evaluations += 1
+        if t == 0.0 and b <= self.epsilon:
             out[k] = 0.0
             return out, evaluations
         while evaluations < _MAX_SCALAR_EVALUATIONS and b - self.epsilon > tolerance * self.epsilon:
-            psi = b ** -0.5
-            psi_slope = -0.5 * psi / b * slope
-            step = (target - psi) / psi_slope
+            step = newton(t, b, slope)
             if not step > 1e-16 * max(t, 1e-300):
                 break
             t += step
@@ -409,24 +505,37 @@ class _Dual:
         """One projected-Newton step with Armijo backtracking from ``lam`` with ``state = evaluate(lam)``.
 
         Returns ``(new_lam, evaluate(new_lam))``, or ``None`` when no step helps. Multipliers at 0 whose
-        gradient points below 0 stay fixed; the others take the Newton direction ``-H^+ grad``
-        (pseudo-inverse: identical retain Fishers make H singular). A step is accepted on sufficient
-        ascent, or, where the dual value is flat to rounding near the optimum, when it lowers the KKT
-        residual. Each trial costs one fused pass (``evaluate``); a full step is the usual case.
+        gradient points below 0 stay fixed; the others take the Newton direction ``d = -H^+ grad``
+        (pseudo-inverse: identical retain Fishers make H singular) plus Chebyshev's third-order
+        correction ``-H^+ T[d, d] / 2`` (T the third derivatives), so the error after the step is cubic
+        rather than quadratic in the error before it. A step is accepted on sufficient ascent, or, where
+        the dual value is flat to rounding near the optimum, when it lowers the KKT residual. Each trial
+        costs one fused pass (``evaluate``); a full step is the usual case.
+
+        From a residual below ``_HESSIAN_SKIP`` the candidate usually ends the solve: it is evaluated
+        without its derivatives (computed by one more pass only if another step is needed after all) and
+        delivers its projected update instead.
         """
-        value, damages, hessian = state
+        value, damages, hessian, third = state
+        if hessian is None:
+            value, damages, hessian, third = self.evaluate(lam)
         grad = damages - self.epsilon
         at_bound = (lam <= 0) & (grad <= 0)
         free = (~at_bound).nonzero().squeeze(1)
         if free.numel() == 0:
             return None
+        inverse = torch.linalg.pinv(hessian[free][:, free])
+        newton = inverse @ grad[free]
+        curvature = torch.einsum("klm,l,m->k", third[free][:, free][:, :, free], newton, newton)
         direction = torch.zeros_like(lam)
-        direction[free] = -(torch.linalg.pinv(hessian[free][:, free]) @ grad[free])
+        direction[free] = -newton - 0.5 * (inverse @ curvature)
         current_residual = self.residual(lam, damages, base_norm2)
+        with_hessian = current_residual > _HESSIAN_SKIP
+        deliver = not with_hessian and self._x is not None
         step = 1.0
         for _ in range(30):
             candidate = torch.clamp(lam + step * direction, min=0)
-            candidate_state = self.evaluate(candidate)
+            candidate_state = self.evaluate(candidate, with_hessian, deliver)
             gain = candidate_state[0] - value
             if gain > 0 and gain >= 1e-4 * float(grad @ (candidate - lam)):
                 return candidate, candidate_state
@@ -436,18 +545,27 @@ class _Dual:
         return None
 
 
-def _solve_dual(dual: _Dual, base_norm2: float) -> tuple[torch.Tensor, int]:
-    """Maximise the dual: one coordinate sweep, then projected Newton steps (an exact sweep whenever a
-    Newton step fails), until the KKT residual is below tolerance or the iteration limit is hit.
+def _solve_dual(
+    dual: _Dual, base_norm2: float, start: tuple[torch.Tensor, tuple] | None = None
+) -> tuple[torch.Tensor, int]:
+    """Maximise the dual from ``start = (lambda, (Hessian, third derivatives) estimates)`` (or, without
+    one, from a rough coordinate sweep): projected Newton steps (an exact sweep whenever a Newton step
+    fails) until the KKT residual is below tolerance or the iteration limit is hit. m = 1 is the
+    one-multiplier solve from ``start``'s lambda.
 
-    The first sweep only provides Newton's starting point, so its one-multiplier solves stop at 1e-3
-    relative accuracy (two or three evaluations each instead of five to eight)."""
+    The rough sweep only provides Newton's starting point, so its one-multiplier solves stop at 1e-3
+    relative accuracy (two or three evaluations each instead of five to eight). The first Newton step
+    from ``start`` uses its derivative estimates, the later ones the exact derivatives."""
     lam = torch.zeros(dual.m, dtype=torch.float64, device=dual.b2.device)
     if dual.m == 1:
-        return dual.maximise_coordinate(lam, 0)
-    for k in range(dual.m):  # lambda = 0 is infeasible (the caller checked): start with a rough sweep
-        lam, _ = dual.maximise_coordinate(lam, k, 1e-3)
-    state = dual.evaluate(lam)
+        return dual.maximise_coordinate(lam, 0, start=0.0 if start is None else float(start[0][0]))
+    if start is None:
+        for k in range(dual.m):  # lambda = 0 is infeasible (the caller checked): start with a rough sweep
+            lam, _ = dual.maximise_coordinate(lam, k, 1e-3)
+        state = dual.evaluate(lam)
+    else:
+        lam = start[0].clone()
+        state = dual.evaluate(lam, hessian=False)[:2] + start[1]
     iterations = 1
     while iterations < _MAX_ITERATIONS and dual.residual(lam, state[1], base_norm2) > _KKT_TOLERANCE:
         iterations += 1
@@ -464,15 +582,51 @@ def _solve_dual(dual: _Dual, base_norm2: float) -> tuple[torch.Tensor, int]:
     return lam, iterations
 
 
-def _check_fisher_fast(fisher: torch.Tensor, name: str) -> None:
-    """``check_fisher`` with one fused min/max pass on the common (valid) path."""
-    if not torch.is_tensor(fisher):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(fisher).__name__}")
-    if fisher.numel():
-        low, high = torch.aminmax(fisher)
-        if bool(low >= 0) and bool(high < math.inf):  # NaN fails both comparisons
-            return
-    check_fisher(fisher, name)
+def _starting_point(b2: torch.Tensor, F: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, tuple] | None:
+    """Multipliers of the dual restricted to every ``_SAMPLE_STRIDE``-th support coordinate, with that
+    sampled dual's (Hessian, third derivatives) there; ``None`` when the support is too small for
+    sampling to pay off.
+
+    The sampled sums, scaled by n / (sample size), estimate the full ones to a few 1e-3, so the
+    multipliers land close enough to the optimum for two full Newton steps to finish (instead of a
+    coordinate sweep and three), and the sampled derivatives are accurate enough for the first of them,
+    while solving the sample costs a fraction of one full evaluation. Only the starting point comes from the
+    sample: the full solve and its certificate decide the result.
+    """
+    n = b2.numel()
+    if n < _SAMPLE_STRIDE * _MIN_SAMPLE:
+        return None
+    b2_sample = b2[::_SAMPLE_STRIDE].contiguous()
+    b2_sample.mul_(n / b2_sample.numel())
+    F_sample = F[:, ::_SAMPLE_STRIDE].contiguous()
+    if float(torch.mv(F_sample, b2_sample).max()) <= epsilon:
+        return None
+    sample = _Dual(b2_sample, F_sample, epsilon, _Workspace())
+    lam, _ = _solve_dual(sample, float(b2_sample.sum()))
+    return lam, sample.evaluate(lam)[2:]
+
+
+def _support(fishers: Sequence[torch.Tensor], workspace: _Workspace) -> torch.Tensor:
+    """Sorted flat positions where some Fisher is > 0 (int64).
+
+    A Fisher is >= 0, so "nonzero" means "> 0" and the mask comes from ``logical_or`` of the first two
+    Fishers (float inputs) and float-to-bool copies of the others, each faster than a ``> 0`` comparison
+    on a CPU. On a CPU the positions come from NumPy's ``flatnonzero``, about 1.3x faster there than
+    ``torch.nonzero`` (58.7M-entry tensors, one thread).
+    """
+    flat = [fisher.reshape(-1) for fisher in fishers]
+    mask = workspace.get("mask", flat[0].shape, torch.bool, flat[0].device)
+    if len(flat) == 1:
+        mask.copy_(flat[0])
+    else:
+        torch.logical_or(flat[0], flat[1], out=mask)
+    if len(flat) > 2:
+        other = workspace.get("mask_other", flat[0].shape, torch.bool, flat[0].device)
+        for fisher in flat[2:]:
+            mask.logical_or_(other.copy_(fisher))
+    if mask.device.type == "cpu":
+        return torch.from_numpy(numpy.flatnonzero(mask.numpy()))
+    return mask.nonzero().squeeze(1)
 
 
 def project(base: torch.Tensor, fishers: Sequence[torch.Tensor], epsilon: float):
@@ -486,41 +640,58 @@ def project(base: torch.Tensor, fishers: Sequence[torch.Tensor], epsilon: float)
     solver, the damages and the certificate then work on the support alone (x equals base, and every
     F_k is 0, off it), which the Top-alpha sparsification makes small (<= m * alpha of the tensor).
     """
+    return _project(base, fishers, epsilon, _Workspace())
+
+
+def _project(base: torch.Tensor, fishers: Sequence[torch.Tensor], epsilon: float, workspace: _Workspace):
+    """``project`` with its scratch tensors taken from ``workspace``."""
     check_epsilon(epsilon)
     fishers = list(fishers)
     for k, fisher in enumerate(fishers):
-        _check_fisher_fast(fisher, f"retain fisher {k}")
+        if not torch.is_tensor(fisher):
+            raise ValueError(f"retain fisher {k} must be a torch.Tensor, got {type(fisher).__name__}")
         check_same_shape(base, fisher, f"update and retain fisher {k}")
     if math.isinf(epsilon) or not fishers:
+        for k, fisher in enumerate(fishers):
+            check_fisher(fisher, f"retain fisher {k}")
         damages = [proxy_damage(base, f) for f in fishers]
         return base.clone(), ProjectionReport([0.0] * len(fishers), damages, KKTResiduals(0.0, 0.0, 0.0, 0.0), 0)
-    flat = base.reshape(-1)
-    active = fishers[0].reshape(-1) > 0
-    for fisher in fishers[1:]:
-        active.logical_or_(fisher.reshape(-1) > 0)
-    support = active.nonzero().squeeze(1)
-    base_support = flat.index_select(0, support).to(torch.float64)
-    b2 = base_support.square()
-    F = torch.stack([f.reshape(-1).index_select(0, support).to(torch.float64) for f in fishers])
+    device, wide = base.device, torch.float64
+    support = _support(fishers, workspace).to(device)
+    n = support.numel()
+    base_support = torch.index_select(
+        base.reshape(-1), 0, support, out=workspace.get("base_support", (n,), base.dtype, device)
+    )
+    F = workspace.get("fishers", (len(fishers), n), wide, device)
+    for k, fisher in enumerate(fishers):
+        gathered = workspace.get("gathered", (n,), fisher.dtype, device)
+        F[k].copy_(torch.index_select(fisher.reshape(-1), 0, support, out=gathered))
+    if n:  # every entry that is not 0 (negative, NaN and inf included) is on the support
+        low, high = torch.aminmax(F)
+        if not (bool(low >= 0) and bool(high < math.inf)):  # NaN fails both comparisons
+            for k, fisher in enumerate(fishers):
+                check_fisher(fisher, f"retain fisher {k}")
+    base_wide = workspace.get("base_wide", (n,), wide, device).copy_(base_support)
+    b2 = torch.mul(base_wide, base_wide, out=workspace.get("base_squared", (n,), wide, device))
+    unprojected = torch.mv(F, b2)  # b_k(base)
     support_norm2 = float(b2.sum())
-    lam = torch.zeros(len(fishers), dtype=torch.float64, device=flat.device)
-    iterations = 0
-    if support_norm2 > 0.0 and float((F @ b2).max()) > epsilon:
-        lam, iterations = _solve_dual(_Dual(b2, F, epsilon), support_norm2)
-    shrink = 1 + lam @ F
-    x_support = (base_support / shrink).to(base.dtype)
+    if support_norm2 == 0.0 or float(unprojected.max()) <= epsilon:
+        damages = unprojected.tolist()
+        residuals = KKTResiduals(_primal(damages, epsilon), 0.0, 0.0, 0.0)
+        return base.clone(), ProjectionReport([0.0] * len(fishers), damages, residuals, 0)
+    x_support = workspace.get("x_support", (n,), base.dtype, device)
+    dual = _Dual(b2, F, epsilon, workspace, base_wide, x_support)
+    lam, iterations = _solve_dual(dual, support_norm2, _starting_point(b2, F, epsilon))
+    x_support, damages_t, worst_stationarity = dual.delivered(lam)
     x = base.clone()
-    x.view(-1).index_copy_(0, support, x_support)
-    delivered = x_support.to(torch.float64)
-    damages_t = F @ delivered.square()
+    x.view(-1).scatter_(0, support, x_support)
+    base_low, base_high = torch.aminmax(base_support)
     damages = damages_t.tolist()
-    base_max = float(base_support.abs().max()) if support_norm2 > 0.0 else 1.0
-    slack = float((lam * (damages_t - epsilon).abs()).max()) / support_norm2 if support_norm2 else 0.0
     residuals = KKTResiduals(
         primal_infeasibility=_primal(damages, epsilon),
-        complementary_slackness=slack,
+        complementary_slackness=float((lam * (damages_t - epsilon).abs()).max()) / support_norm2,
         dual_infeasibility=float(torch.clamp(-lam, min=0).max()),
-        stationarity=float((delivered * shrink - base_support).abs().max()) / base_max if support.numel() else 0.0,
+        stationarity=worst_stationarity / max(-float(base_low), float(base_high)),
     )
     return x, ProjectionReport([float(v) for v in lam], damages, residuals, iterations)
 
@@ -532,10 +703,13 @@ def _primal(damages: Sequence[float], epsilon: float) -> float:
 def firm_project_all(
     base: Mapping[str, torch.Tensor], constraints: Mapping[str, Sequence[torch.Tensor]], epsilon: float
 ) -> tuple[TensorDict, dict[str, ProjectionReport]]:
-    """``project`` applied to every tensor name (the budget ``epsilon`` holds per tensor, per client)."""
+    """``project`` applied to every tensor name (the budget ``epsilon`` holds per tensor, per client).
+
+    The tensors share one ``_Workspace``, so only the first pays for fresh scratch memory."""
     check_epsilon(epsilon)
+    workspace = _Workspace()
     projected: TensorDict = {}
     reports: dict[str, ProjectionReport] = {}
     for name, tensor in base.items():
-        projected[name], reports[name] = project(tensor, constraints.get(name, []), epsilon)
+        projected[name], reports[name] = _project(tensor, constraints.get(name, []), epsilon, workspace)
     return projected, reports

@@ -6,6 +6,7 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
+from strategies import firm_math
 from strategies.firm_math import (
     firm_merge,
     firm_project_all,
@@ -90,6 +91,42 @@ def test_projection_at_a_million_coordinates(m):
     assert all(proxy_damage(x, f) <= epsilon * (1 + 1e-6) for f in fishers)
     assert report.residuals.worst() <= 1e-6
     assert min(report.lambdas) > 0
+
+
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_sampled_start_and_chunked_evaluations_reach_the_cold_start_solution(m, monkeypatch):
+    """Supports large enough for the sampled starting point (and many evaluation chunks, the last one
+    partial) give the same projection as the cold start from a coordinate sweep."""
+    base, fishers, epsilon = _problem(8, d=10**6, m=m, density=0.3)
+    base, fishers = base.float(), [f.float() for f in fishers]
+    starts = []
+    sampled = firm_math._starting_point
+    monkeypatch.setattr(firm_math, "_starting_point", lambda *args: starts.append(sampled(*args)) or starts[-1])
+    x, report = project(base, fishers, epsilon)
+    assert starts[0] is not None
+    monkeypatch.setattr(firm_math, "_SAMPLE_STRIDE", 10**9)  # no sample: cold start
+    x_cold, report_cold = project(base, fishers, epsilon)
+    assert torch.allclose(torch.tensor(report.lambdas), torch.tensor(report_cold.lambdas), rtol=1e-9, atol=0)
+    assert torch.allclose(x, x_cold, rtol=1e-6, atol=0)
+    assert all(proxy_damage(x, f) <= epsilon * (1 + 1e-6) for f in fishers)
+    assert report.residuals.worst() <= 1e-6 and min(report.lambdas) > 0
+
+
+def test_project_all_reuses_scratch_across_tensors_of_different_sizes():
+    """One call over tensors of several sizes and dtypes equals projecting each tensor on its own."""
+    problems = {
+        "large": _problem(20, d=400_000, m=2, density=0.4),
+        "small": _problem(21, d=1000, m=2),
+        "medium": _problem(22, d=300_000, m=2, density=0.4),
+    }
+    base = {name: b.float() if name != "small" else b for name, (b, _, _) in problems.items()}
+    constraints = {name: [f.to(base[name].dtype) for f in fs] for name, (_, fs, _) in problems.items()}
+    epsilon = min(e for _, _, e in problems.values())
+    projected, reports = firm_project_all(base, constraints, epsilon)
+    for name in base:
+        alone, report = project(base[name], constraints[name], epsilon)
+        assert torch.equal(projected[name], alone) and reports[name] == report
+        assert report.residuals.worst() <= 1e-6
 
 
 @pytest.mark.parametrize("m", [1, 3])
@@ -198,6 +235,8 @@ def test_firm_merge_forms_gamma_times_role_averages():
         (lambda: project(torch.ones(3), [torch.ones(3)], -1.0), "firm-epsilon"),
         (lambda: project(torch.ones(3), [torch.ones(4)], 1.0), "shapes differ"),
         (lambda: project(torch.ones(3), [torch.tensor([1.0, math.inf, 0.0])], 1.0), "finite"),
+        (lambda: project(torch.ones(3), [torch.ones(3), torch.tensor([1.0, -1.0, 0.0])], 1.0), "non-negative"),
+        (lambda: project(torch.ones(3), [torch.tensor([0.0, math.nan, 0.0])], 1.0), "finite"),
         (lambda: fisher_weighted_average([torch.ones(3)], [torch.ones(2)], 1e-8), "shapes differ"),
         (lambda: firm_merge([{"w": torch.ones(2)}], [{"w": torch.ones(2)}], [0], [], [], gamma=-1.0), "firm-gamma"),
     ],

@@ -214,10 +214,11 @@ class FIRM:
             [u.task_vector for u in forget], [u.fisher for u in forget], [u.domain for u in forget],
             [u.task_vector for u in retain], [u.fisher for u in retain], self.gamma, self.alpha, self.eps0,
         )
-        merged, projections = firm_project_all(base, constraints, self.epsilon)
+        base_norms = {name: _norm({name: tensor}) for name, tensor in base.items()}
+        merged, projections = firm_project_all(base, constraints, self.epsilon, overwrite=True)  # base is ours
         tensors = {
             name: TensorReport(r.lambdas, r.damages, r.residuals, r.iterations,
-                               _norm({name: base[name]}), _norm({name: merged[name]}))
+                               base_norms[name], _norm({name: merged[name]}))
             for name, r in projections.items()
         }
         report = MergeReport("firm", asdict(self), [u.client_id for u in kept], dropped, _norm(merged), tensors)

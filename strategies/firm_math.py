@@ -61,6 +61,7 @@ _MAX_SCALAR_EVALUATIONS = 200
 _SAMPLE_STRIDE = 64  # _starting_point solves the dual on every 64th support coordinate ...
 _MIN_SAMPLE = 4096  # ... when that gives at least this many
 _CHUNK = 65536  # support coordinates per chunk of a dual evaluation: its float64 temporaries stay in cache
+_GATHER_CHUNK = 1 << 18  # full-tensor coordinates per chunk of the support pass (``_gather_support``)
 _HESSIAN_SKIP = 1e-4  # KKT residual below which a Newton candidate is expected to end the solve
 
 
@@ -606,46 +607,83 @@ def _starting_point(b2: torch.Tensor, F: torch.Tensor, epsilon: float) -> tuple[
     return lam, sample.evaluate(lam)[2:]
 
 
-def _support(fishers: Sequence[torch.Tensor], workspace: _Workspace) -> torch.Tensor:
-    """Sorted flat positions where some Fisher is > 0 (int64).
+def _gather_support(
+    base: torch.Tensor, fishers: Sequence[torch.Tensor], copy: torch.Tensor | None, workspace: _Workspace
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunked pass over the full-size tensors: ``(support, base there, base^2 there, Fishers there)``.
 
-    A Fisher is >= 0, so "nonzero" means "> 0" and the mask comes from ``logical_or`` of the first two
-    Fishers (float inputs) and float-to-bool copies of the others, each faster than a ``> 0`` comparison
-    on a CPU. On a CPU the positions come from NumPy's ``flatnonzero``, about 1.3x faster there than
-    ``torch.nonzero`` (58.7M-entry tensors, one thread).
+    ``support`` holds the sorted flat positions where some Fisher is > 0 (int64); base, base^2 and the
+    Fishers there (shape (m, n)) are float64, exact copies of float32 values. Base is also copied into
+    ``copy`` (a contiguous tensor of its shape) on the way, unless that is ``None``.
+
+    Why chunked: each chunk of ``_GATHER_CHUNK`` coordinates of the Fishers and of base is read from
+    memory once and stays in cache while its mask is built (``logical_or`` of the Fishers: a Fisher is
+    >= 0, so nonzero means > 0, and float-to-bool conversion is faster than ``> 0`` on a CPU), its
+    positions found (NumPy's ``flatnonzero`` on a CPU, ~1.3x faster there than ``torch.nonzero``),
+    its values gathered and widened and base copied; no full-size mask or position array is written
+    and base is read once. The support size is unknown until the pass ends, so the compact outputs go
+    to workspace buffers sized for the whole tensor; only their first n entries are touched, so only
+    those cost memory.
     """
     flat = [fisher.reshape(-1) for fisher in fishers]
-    mask = workspace.get("mask", flat[0].shape, torch.bool, flat[0].device)
-    if len(flat) == 1:
-        mask.copy_(flat[0])
-    else:
-        torch.logical_or(flat[0], flat[1], out=mask)
-    if len(flat) > 2:
-        other = workspace.get("mask_other", flat[0].shape, torch.bool, flat[0].device)
+    base_flat = base.reshape(-1)
+    d, m, device, wide = base_flat.numel(), len(flat), base.device, torch.float64
+    support = workspace.get("support", (d,), torch.int64, device)
+    base_wide = workspace.get("base_wide", (d,), wide, device)
+    b2 = workspace.get("base_squared", (d,), wide, device)
+    F = workspace.get("fishers", (m, d), wide, device)
+    chunk = min(d, _GATHER_CHUNK)
+    mask = workspace.get("mask", (chunk,), torch.bool, device)
+    other = workspace.get("mask_other", (chunk,), torch.bool, device) if m > 2 else None
+    n = 0
+    for start in range(0, d, chunk):
+        stop = min(start + chunk, d)
+        piece = mask[: stop - start]
+        if m == 1:
+            piece.copy_(flat[0][start:stop])
+        else:
+            torch.logical_or(flat[0][start:stop], flat[1][start:stop], out=piece)
         for fisher in flat[2:]:
-            mask.logical_or_(other.copy_(fisher))
-    if mask.device.type == "cpu":
-        return torch.from_numpy(numpy.flatnonzero(mask.numpy()))
-    return mask.nonzero().squeeze(1)
+            piece.logical_or_(other[: stop - start].copy_(fisher[start:stop]))
+        if device.type == "cpu":
+            positions = torch.from_numpy(numpy.flatnonzero(piece.numpy()))
+        else:
+            positions = piece.nonzero().squeeze(1)
+        k = positions.numel()
+        for row, source in [(F[row], fisher) for row, fisher in enumerate(flat)] + [(base_wide, base_flat)]:
+            gathered = workspace.get("gathered", (k,), source.dtype, device)
+            row[n : n + k].copy_(torch.index_select(source[start:stop], 0, positions, out=gathered))
+        torch.mul(base_wide[n : n + k], base_wide[n : n + k], out=b2[n : n + k])
+        torch.add(positions, start, out=support[n : n + k])
+        if copy is not None:
+            copy.view(-1)[start:stop].copy_(base_flat[start:stop])
+        n += k
+    return support[:n], base_wide[:n], b2[:n], F[:, :n]
 
 
-def project(base: torch.Tensor, fishers: Sequence[torch.Tensor], epsilon: float):
+def project(base: torch.Tensor, fishers: Sequence[torch.Tensor], epsilon: float, overwrite: bool = False):
     """Closest ``x`` to ``base`` (L2) with ``sum_j F_k(j) x_j^2 <= epsilon`` for every retain Fisher k.
 
     Returns ``(x, ProjectionReport)``; ``x`` has ``base``'s dtype and shape, the report's damages and
     residuals are measured on that delivered ``x``. ``epsilon = inf`` (or no Fishers) returns ``base``
-    unchanged with lambda = 0. When ``base`` is already feasible every lambda is 0.
+    unchanged with lambda = 0. When ``base`` is already feasible every lambda is 0. ``overwrite=True``
+    writes ``x`` into ``base`` itself and returns it (for a caller that discards ``base``: it saves
+    the full-size copy, a fresh tensor's page faults included); ``base`` must then be contiguous.
 
     Cost: the full-size tensors are read once to find the support (some F_k > 0) and gather it; the
     solver, the damages and the certificate then work on the support alone (x equals base, and every
     F_k is 0, off it), which the Top-alpha sparsification makes small (<= m * alpha of the tensor).
     """
-    return _project(base, fishers, epsilon, _Workspace())
+    return _project(base, fishers, epsilon, _Workspace(), overwrite)
 
 
-def _project(base: torch.Tensor, fishers: Sequence[torch.Tensor], epsilon: float, workspace: _Workspace):
+def _project(
+    base: torch.Tensor, fishers: Sequence[torch.Tensor], epsilon: float, workspace: _Workspace, overwrite: bool
+):
     """``project`` with its scratch tensors taken from ``workspace``."""
     check_epsilon(epsilon)
+    if overwrite and not base.is_contiguous():
+        raise ValueError("project(overwrite=True) needs a contiguous base tensor")
     fishers = list(fishers)
     for k, fisher in enumerate(fishers):
         if not torch.is_tensor(fisher):
@@ -655,37 +693,28 @@ def _project(base: torch.Tensor, fishers: Sequence[torch.Tensor], epsilon: float
         for k, fisher in enumerate(fishers):
             check_fisher(fisher, f"retain fisher {k}")
         damages = [proxy_damage(base, f) for f in fishers]
-        return base.clone(), ProjectionReport([0.0] * len(fishers), damages, KKTResiduals(0.0, 0.0, 0.0, 0.0), 0)
-    device, wide = base.device, torch.float64
-    support = _support(fishers, workspace).to(device)
+        x = base if overwrite else base.clone()
+        return x, ProjectionReport([0.0] * len(fishers), damages, KKTResiduals(0.0, 0.0, 0.0, 0.0), 0)
+    x = base if overwrite else torch.empty_like(base, memory_format=torch.contiguous_format)
+    support, base_wide, b2, F = _gather_support(base, fishers, None if overwrite else x, workspace)
     n = support.numel()
-    base_support = torch.index_select(
-        base.reshape(-1), 0, support, out=workspace.get("base_support", (n,), base.dtype, device)
-    )
-    F = workspace.get("fishers", (len(fishers), n), wide, device)
-    for k, fisher in enumerate(fishers):
-        gathered = workspace.get("gathered", (n,), fisher.dtype, device)
-        F[k].copy_(torch.index_select(fisher.reshape(-1), 0, support, out=gathered))
     if n:  # every entry that is not 0 (negative, NaN and inf included) is on the support
-        low, high = torch.aminmax(F)
-        if not (bool(low >= 0) and bool(high < math.inf)):  # NaN fails both comparisons
+        low, high = torch.stack([torch.stack(torch.aminmax(row)) for row in F]).aminmax(dim=0)  # rows contiguous
+        if not (bool(low.min() >= 0) and bool(high.max() < math.inf)):  # NaN fails both comparisons
             for k, fisher in enumerate(fishers):
                 check_fisher(fisher, f"retain fisher {k}")
-    base_wide = workspace.get("base_wide", (n,), wide, device).copy_(base_support)
-    b2 = torch.mul(base_wide, base_wide, out=workspace.get("base_squared", (n,), wide, device))
     unprojected = torch.mv(F, b2)  # b_k(base)
     support_norm2 = float(b2.sum())
     if support_norm2 == 0.0 or float(unprojected.max()) <= epsilon:
         damages = unprojected.tolist()
         residuals = KKTResiduals(_primal(damages, epsilon), 0.0, 0.0, 0.0)
-        return base.clone(), ProjectionReport([0.0] * len(fishers), damages, residuals, 0)
-    x_support = workspace.get("x_support", (n,), base.dtype, device)
+        return x, ProjectionReport([0.0] * len(fishers), damages, residuals, 0)
+    x_support = workspace.get("x_support", (n,), base.dtype, base.device)
     dual = _Dual(b2, F, epsilon, workspace, base_wide, x_support)
     lam, iterations = _solve_dual(dual, support_norm2, _starting_point(b2, F, epsilon))
     x_support, damages_t, worst_stationarity = dual.delivered(lam)
-    x = base.clone()
     x.view(-1).scatter_(0, support, x_support)
-    base_low, base_high = torch.aminmax(base_support)
+    base_low, base_high = torch.aminmax(base_wide)
     damages = damages_t.tolist()
     residuals = KKTResiduals(
         primal_infeasibility=_primal(damages, epsilon),
@@ -701,15 +730,19 @@ def _primal(damages: Sequence[float], epsilon: float) -> float:
 
 
 def firm_project_all(
-    base: Mapping[str, torch.Tensor], constraints: Mapping[str, Sequence[torch.Tensor]], epsilon: float
+    base: Mapping[str, torch.Tensor],
+    constraints: Mapping[str, Sequence[torch.Tensor]],
+    epsilon: float,
+    overwrite: bool = False,
 ) -> tuple[TensorDict, dict[str, ProjectionReport]]:
     """``project`` applied to every tensor name (the budget ``epsilon`` holds per tensor, per client).
 
-    The tensors share one ``_Workspace``, so only the first pays for fresh scratch memory."""
+    The tensors share one ``_Workspace``, so only the first pays for fresh scratch memory.
+    ``overwrite=True`` projects every tensor of ``base`` in place (see ``project``)."""
     check_epsilon(epsilon)
     workspace = _Workspace()
     projected: TensorDict = {}
     reports: dict[str, ProjectionReport] = {}
     for name, tensor in base.items():
-        projected[name], reports[name] = _project(tensor, constraints.get(name, []), epsilon, workspace)
+        projected[name], reports[name] = _project(tensor, constraints.get(name, []), epsilon, workspace, overwrite)
     return projected, reports

@@ -16,8 +16,13 @@
    (the paper runs a fixed T): the forget clients report their forget loss of the received
    backbone with the adapter bypassed; once its forget-count-weighted mean reaches
    ``lethe-stop-loss`` the phase ends before the retained clients are asked for that round.
-3. **Restore** (``lethe-restore-rounds``): the adapter is dropped and FedAvg runs on retained
-   clients.
+3. **Restore** (``lethe-restore-rounds``): the adapter is dropped. ``lethe-restore-mode=fedavg`` is the
+   paper's FedAvg on retained clients. ``rectified`` (default, ours) keeps the forget clients in:
+   each round both groups train the adapter-free model with the run's ``lr`` / ``local-epochs`` and
+   the server applies the retain stream minus its component along the forget stream wherever
+   they align (``lethe_math.remove_forget_component``). Measured on digits, plain FedAvg restore
+   brought a backdoor that rectification had removed back to 0.2–0.6 within one round; the
+   rectified restore kept it at 0 through 20 continued FedAvg rounds.
 
 A forget client that fails during amplify or rectify ends the phase (``RoundFailed`` naming the
 phase and round); the original model is never modified, so it stays intact.
@@ -36,7 +41,8 @@ from strategies.base import ModelState, UnlearnContext, UnlearnResult, Unlearnin
 from strategies.fedavg_rounds import RoleFedAvg, run_rounds
 from strategies.federation import RunStopped
 from strategies.lethe_math import (apply_update, check_gamma, clip_to_reference, feasible_gamma_range, gamma_bounds,
-                                    layer_gammas, rectify, weighted_average)
+                                    layer_alignment, layer_gammas, rectify, remove_forget_component,
+                                    weighted_average)
 from tasks.model import PLUGIN_PREFIX
 from tasks.plugins import specs_to_json
 
@@ -53,6 +59,17 @@ def _stream(replies, start: State, keys: list[str]) -> tuple[State, int]:
         updates.append({k: state[k] - start[k] for k in keys})
         weights.append(int(reply.content["metrics"]["num-examples"]))
     return weighted_average(updates, weights), sum(weights)
+
+
+def _apply(state: State, update: State, retain_replies, buffer_names: list[str], where: str) -> State:
+    """Eq. 11 on the parameters; buffers (BatchNorm statistics) take the retain stream's average."""
+    state = {**state, **apply_update({k: state[k] for k in update}, update)}
+    if buffer_names:
+        buffers, _ = _stream(retain_replies, state, buffer_names)
+        state.update({k: (state[k] + buffers[k]).to(state[k].dtype) for k in buffer_names})
+    if not all(bool(torch.isfinite(v).all()) for v in state.values()):
+        raise RunStopped(f"phase 'unlearn' {where}: Lethe's model has non-finite weights; lower lethe-lr or lr")
+    return state
 
 
 def _forget_loss(replies) -> float:
@@ -128,13 +145,7 @@ class Lethe(FedAvg, UnlearningMethod):
             inside = {k: check_gamma({k: b}, gammas[k])[k] for k, b in bounds.items()}
             rectified = {k: rectify({k: retain[k]}, {k: forget[k]}, gammas[k])[k] for k in retain}
             update = clip_to_reference(rectified, retain, cfg["lethe-step-clip"])
-            state = {**state, **apply_update({k: state[k] for k in param_names}, update)}
-            if buffer_names:
-                buffers, _ = _stream(retain_replies, state, buffer_names)
-                state.update({k: (state[k] + buffers[k]).to(state[k].dtype) for k in buffer_names})
-            if not all(bool(torch.isfinite(v).all()) for v in state.values()):
-                raise RunStopped(f"phase 'unlearn' round {t}: Lethe's rectified model has non-finite weights; "
-                                 "lower lethe-lr or lethe-gamma")
+            state = _apply(state, update, retain_replies, buffer_names, f"rectify round {t}")
             aligned = [k for k, b in bounds.items() if b is not None]
             log.info("[lethe] rectify round %d/%d: |retain| %.3g |forget| %.3g; %d/%d layers aligned (s>0), "
                      "gamma (%s) inside the Prop. IV.1 bounds on %d of them", t, cfg["lethe-rectify-rounds"],
@@ -147,16 +158,45 @@ class Lethe(FedAvg, UnlearningMethod):
                                        for k, b in bounds.items() if b is not None}})
         return state, history
 
+    def restore_rounds(self, ctx: UnlearnContext, state: State) -> State:
+        """Phase 3, ``lethe-restore-mode=rectified`` (our rule): ``lethe-restore-rounds`` rounds in which
+        the retained clients train the adapter-free model as in FedAvg (the run's ``lr``,
+        ``local-epochs``) and the forget clients do the same on their forget data; the server applies
+        the retain stream with its component along the forget stream removed wherever they align
+        (``remove_forget_component``), so utility comes back without re-learning the forget data."""
+        cfg, fed = ctx.cfg, ctx.fed
+        param_names = [n for n, _ in ctx.model_factory([]).named_parameters()]
+        buffer_names = [k for k in state if k not in param_names]
+        local = {"scope": "all", "lr": cfg["lr"], "epochs": cfg["local-epochs"]}
+        for t in range(1, cfg["lethe-restore-rounds"] + 1):
+            round_no = cfg["lethe-rectify-rounds"] + t
+            forget_replies = self._send(ctx, fed.nodes_with("n-forget"), state, [], role="forget",
+                                        round_no=round_no, require_all=True, **local)
+            retain_replies = self._send(ctx, fed.nodes_with("n-retain"), state, [], role="retain",
+                                        round_no=round_no, require_all=False, **local)
+            fed.cost(fed.phase).rounds += 1
+            forget, _ = _stream(forget_replies, state, param_names)
+            retain, _ = _stream(retain_replies, state, param_names)
+            update = remove_forget_component(retain, forget)
+            state = _apply(state, update, retain_replies, buffer_names, f"restore round {t}")
+            aligned = sum(1 for s in layer_alignment(retain, forget).values() if s > 0)
+            log.info("[lethe] restore round %d/%d: forget component removed from %d/%d layers", t,
+                     cfg["lethe-restore-rounds"], aligned, len(param_names))
+        return state
+
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         state, plugins, details = self.amplify(ctx)
         state, history = self.rectify_rounds(ctx, state, plugins)
         base = {k: v for k, v in state.items() if not k.startswith(PLUGIN_PREFIX)}
-        arrays = ArrayRecord(base)
-        if ctx.cfg["lethe-restore-rounds"]:
-            strategy = RoleFedAvg(ctx.fed, "retain", fraction_train=ctx.cfg["fraction-train"],
-                                  seed=ctx.cfg["seed"] + 2)
-            arrays = run_rounds(ctx.fed, strategy, arrays, rounds=ctx.cfg["lethe-restore-rounds"],
-                                config=ConfigRecord({"epochs": ctx.cfg["local-epochs"], "lr": ctx.cfg["lr"]}),
-                                label="lethe restore")
+        if ctx.cfg["lethe-restore-mode"] == "rectified":
+            arrays = ArrayRecord(self.restore_rounds(ctx, base))
+        else:
+            arrays = ArrayRecord(base)
+            if ctx.cfg["lethe-restore-rounds"]:
+                strategy = RoleFedAvg(ctx.fed, "retain", fraction_train=ctx.cfg["fraction-train"],
+                                      seed=ctx.cfg["seed"] + 2)
+                arrays = run_rounds(ctx.fed, strategy, arrays, rounds=ctx.cfg["lethe-restore-rounds"],
+                                    config=ConfigRecord({"epochs": ctx.cfg["local-epochs"], "lr": ctx.cfg["lr"]}),
+                                    label="lethe restore")
         details["gamma_bounds"] = history
         return UnlearnResult(ModelState(arrays), details)

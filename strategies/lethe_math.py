@@ -72,6 +72,24 @@ def rectify(retain: Layers, forget: Layers, gamma: float) -> Layers:
     return rectified
 
 
+def remove_forget_component(retain: Layers, forget: Layers) -> Layers:
+    """Our restore rule: the retain update with, per layer, its component along the forget stream
+    removed where the two align (``Δr - (s/‖Δu‖²) Δu`` if ``s > 0``), else ``Δr`` unchanged.
+
+    It is eq. 10 at the *lower* Prop. IV.1 bound where the streams align, and keeps the retain
+    stream where they do not (eq. 10 would apply ``-Δu`` there, more forgetting; restore is for
+    utility). Every layer then satisfies ``<out, Δu> <= 0`` (no re-learning to first order) and
+    ``<out, Δr> >= 0`` (utility still improves), and ``‖out‖ <= ‖Δr‖``.
+    """
+    alignment = layer_alignment(retain, forget)
+    out: Layers = {}
+    for name, s in alignment.items():
+        r, u = retain[name].detach(), forget[name].detach()
+        norm2 = _dot(u, u)
+        out[name] = r - (s / norm2) * u if s > 0 and norm2 > 0 else r.clone()
+    return out
+
+
 def gamma_bounds(retain: Layers, forget: Layers) -> dict[str, tuple[float, float] | None]:
     """Eq. 13 (Proposition IV.1): ``(s/‖Δu‖², ‖Δr‖²/s)`` per layer with ``s > 0``; ``None`` where
     ``s <= 0`` (there the rule is ``-Δu`` and no condition on γ is needed).

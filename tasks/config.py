@@ -154,7 +154,7 @@ SETTINGS: tuple[Setting, ...] = (
        "length of each normalised adapter ascent step (global L2 norm of the adapter's change)", _positive()),
     _s("lethe-adapter-max-loss", float, 10.0,
        "adapter ascent stops once a batch's forget loss reaches this (bounded amplification)", _positive()),
-    _s("lethe-lr", float, 0.005,
+    _s("lethe-lr", float, 0.01,
        "local learning rate of both streams during rectification (the paper uses 1e-3 for CV)", _positive()),
     _s("lethe-epochs", int, 1, "local epochs of both streams per rectification round (paper: 1)", _positive()),
     _s("lethe-gamma-mode", str, "upper",
@@ -168,8 +168,11 @@ SETTINGS: tuple[Setting, ...] = (
     _s("lethe-stop-loss", float, 20.0,
        "rectification stops once the forget clients' mean forget loss (nats, backbone without the "
        "adapter) reaches this; inf = always lethe-rectify-rounds", _positive()),
-    _s("lethe-restore-rounds", int, 5, "FedAvg rounds on retained clients after the adapter is dropped",
-       _at_least(0)),
+    _s("lethe-restore-rounds", int, 5, "utility-recovery rounds after the adapter is dropped", _at_least(0)),
+    _s("lethe-restore-mode", str, "rectified",
+       "fedavg: FedAvg on retained clients (paper); rectified: forget clients also train and the "
+       "retain update's component along their update is removed where they align",
+       _one_of(("fedavg", "rectified"))),
     # LLM task (llm-tofu): TOFU-style fictitious authors, LoRA on a causal LM (docs/llm.md)
     _s("llm-model", str, "tiny", "'tiny' (a small Llama built from config, offline) or a local HF model folder"),
     _s("llm-data-dir", str, "", "folder of TOFU files (full.json, *_perturbed.json ...); empty = synthetic authors"),

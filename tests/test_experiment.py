@@ -100,6 +100,12 @@ def test_lethe_runs_its_three_phases(tmp_path):
     # amplify (1) + rectify (1) + restore (1) rounds
     assert results["cost"]["unlearn"]["rounds"] == 3
     assert math.isfinite(results["models"]["unlearned"]["test_acc"])
+    # the paper's FedAvg restore leaves the forget client out of the restore round: fewer bytes up
+    paper, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor",
+                      **{"lethe-restore-mode": "fedavg"})
+    assert paper["cost"]["unlearn"]["rounds"] == 3
+    assert paper["cost"]["unlearn"]["bytes_up"] < results["cost"]["unlearn"]["bytes_up"]
+    assert paper["models"]["unlearned"] != results["models"]["unlearned"]
 
 
 def test_lethe_rectification_stops_once_the_forget_loss_is_reached(tmp_path):

@@ -129,6 +129,42 @@ def test_project_all_reuses_scratch_across_tensors_of_different_sizes():
         assert report.residuals.worst() <= 1e-6
 
 
+@pytest.mark.parametrize("m", [1, 2, 3])
+def test_support_pass_is_independent_of_its_chunking(m, monkeypatch):
+    """The chunked support pass finds the dense mask's positions and gives the same projection for any
+    chunk size (many chunks with a partial last one, or one chunk for the whole tensor)."""
+    base, fishers, epsilon = _problem(30, d=300_001, m=m, density=0.2)
+    base, fishers = base.float(), [f.float() for f in fishers]
+    support, base_wide, b2, F = firm_math._gather_support(base, fishers, None, firm_math._Workspace())
+    dense = torch.stack(fishers).ne(0).any(0).nonzero().squeeze(1)
+    assert torch.equal(support, dense) and torch.equal(base_wide, base[dense].double())
+    assert torch.equal(b2, base_wide.square()) and torch.equal(F, torch.stack(fishers)[:, dense].double())
+    x, report = project(base, fishers, epsilon)
+    for chunk in (1000, 10**6):
+        monkeypatch.setattr(firm_math, "_GATHER_CHUNK", chunk)
+        x_chunked, report_chunked = project(base, fishers, epsilon)
+        assert torch.equal(x_chunked, x) and report_chunked == report
+
+
+@pytest.mark.parametrize("m", [1, 2, 3])
+@pytest.mark.parametrize("budget", ["active", "feasible", "inf"])
+def test_projection_in_place_equals_the_copying_projection(m, budget):
+    """``overwrite=True`` returns ``base`` itself, holding exactly the copying projection's result."""
+    base, fishers, epsilon = _problem(31, d=400_000, m=m, density=0.3)
+    base, fishers = base.float(), [f.float() for f in fishers]
+    epsilon = {"active": epsilon, "feasible": 2.0 * max(proxy_damage(base, f) for f in fishers), "inf": math.inf}[budget]
+    x, report = project(base, fishers, epsilon)
+    original = base.clone()
+    x_in_place, report_in_place = project(base, fishers, epsilon, overwrite=True)
+    assert x_in_place is base and torch.equal(x_in_place, x) and report_in_place == report
+    assert torch.equal(x, original) == (budget != "active")
+    assert all(proxy_damage(x_in_place, f) <= epsilon * (1 + 1e-6) for f in fishers)
+    projected, reports = firm_project_all({"w": original}, {"w": fishers}, epsilon, overwrite=True)
+    assert projected["w"] is original and torch.equal(original, x) and reports["w"] == report
+    with pytest.raises(ValueError, match="contiguous"):
+        project(torch.zeros(4, 3).t(), [torch.ones(3, 4)], 1.0, overwrite=True)
+
+
 @pytest.mark.parametrize("m", [1, 3])
 def test_feasible_base_is_returned_with_zero_multipliers(m):
     base, fishers, _ = _problem(11, d=500, m=m)

@@ -108,6 +108,7 @@ def test_finite_epsilon_projection_satisfies_every_retain_budget():
         assert tensor_report.residuals.worst() <= 1e-6
         assert max(tensor_report.lambdas) > 0
         assert bool((merged[name].abs() <= free[name].abs() * (1 + 1e-6)).all())
+        assert tensor_report.base_norm == pytest.approx(float(free[name].double().norm()), rel=1e-12)  # before
     json.dumps(report.to_dict())  # serialisable for results.json
 
 

@@ -13,6 +13,7 @@ from strategies.lethe_math import (
     gamma_bounds,
     layer_alignment,
     layer_gammas,
+    remove_forget_component,
     rectify,
     weighted_average,
 )
@@ -183,3 +184,25 @@ def test_upper_gamma_is_the_strongest_forgetting_that_keeps_the_retain_stream(se
         # ... and opposes the forget stream at least as much as any clamped gamma's update
         mild = rectify({k: retain[k]}, {k: forget[k]}, clamped[k])[k]
         assert torch.dot(out.flatten(), forget[k].flatten()) <= torch.dot(mild.flatten(), forget[k].flatten()) + 1e-5
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_removing_the_forget_component_never_relearns_and_still_helps_retain(seed):
+    g = torch.Generator().manual_seed(seed)
+    forget = {f"l{i}": torch.randn(6, 3, generator=g) for i in range(5)}
+    retain = {k: (0.6 if i % 2 else -0.6) * v + torch.randn(6, 3, generator=g)
+              for i, (k, v) in enumerate(forget.items())}
+    out = remove_forget_component(retain, forget)
+    aligned = {k: s > 0 for k, s in layer_alignment(retain, forget).items()}
+    assert any(aligned.values()) and not all(aligned.values())
+    for k in retain:
+        dot_u = float(torch.dot(out[k].flatten(), forget[k].flatten()))
+        if aligned[k]:
+            assert dot_u == pytest.approx(0.0, abs=1e-4)  # orthogonal to the forget stream
+        else:
+            assert torch.equal(out[k], retain[k])  # untouched where they do not align
+        assert dot_u <= 1e-4
+        assert float(torch.dot(out[k].flatten(), retain[k].flatten())) >= -1e-5
+        assert out[k].norm() <= retain[k].norm() + 1e-6
+    zero = remove_forget_component({"a": torch.ones(3)}, {"a": torch.zeros(3)})
+    assert torch.equal(zero["a"], torch.ones(3))

@@ -84,7 +84,7 @@ def bench_merge_and_projection(args, device: torch.device, clock) -> None:
         if epsilon is None:
             damages = [proxy_damage(base[n], f) for n in base for f in constraints[n]]
             epsilon = 0.3 * sum(damages) / len(damages)
-        project = lambda: firm_project_all(base, constraints, epsilon, overwrite=True)  # as FIRM.aggregate does
+        project = lambda b=base, c=constraints: firm_project_all(b, c, epsilon, overwrite=True)  # as FIRM.aggregate does
         (projected, reports), seconds = timed(project, device, 1, clock)
         project_s = min(project_s, seconds)
         del projected, base, constraints

@@ -165,7 +165,7 @@ SETTINGS: tuple[Setting, ...] = (
        "each rectified update is scaled to at most this x the retain stream's L2 norm; 0 = off",
        _at_least(0)),
     _s("lethe-rectify-rounds", int, 10, "most dual-stream rectification rounds", _at_least(0)),
-    _s("lethe-stop-loss", float, 20.0,
+    _s("lethe-stop-loss", float, 12.0,
        "rectification stops once the forget clients' mean forget loss (nats, backbone without the "
        "adapter) reaches this; inf = always lethe-rectify-rounds", _positive()),
     _s("lethe-restore-rounds", int, 5, "utility-recovery rounds after the adapter is dropped", _at_least(0)),

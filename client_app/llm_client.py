@@ -21,8 +21,9 @@ from client_app.state import _node_partition
 from tasks.config import Config, parse_config
 from tasks.llm.federation_data import LLMClientData, build_llm_client_data, is_llm_task, load_author_records
 from tasks.llm.federation_metrics import client_llm_metrics
-from tasks.llm.federation_model import local_update, task_llm
+from tasks.llm.federation_model import full_precision_twin, local_update, task_llm
 from tasks.llm.firm_client import adapter_release
+from tasks.llm.fisher import fisher_reference_model
 from tasks.llm.model import adapter_state, load_adapter_state
 from tasks.llm.train import mean_answer_loss, qa_batches
 from tasks.training import device_for
@@ -73,7 +74,8 @@ def train(msg: Message, context: Context) -> Message:
 
 def fisher(msg: Message, context: Context) -> Message:
     """FIRM's one-shot release of the received (original) adapter on the records of ``role``: the task
-    vector after ``objective`` training and the diagonal Fisher at the received adapter (LoRA space).
+    vector after ``objective`` training and the diagonal Fisher at the received adapter (LoRA space;
+    on a 4-bit model, on its full-precision twin with the same adapter, as the paper does).
     The seed is ``train``'s, so a forget client's ``ascent`` task vector is exactly the update ``ga`` gets."""
     cfg, data, model, tokenizer = _client(context)
     conf = msg.content["config"]
@@ -81,9 +83,11 @@ def fisher(msg: Message, context: Context) -> Message:
     role = str(conf["role"])
     seed = cfg["seed"] * 1_000_003 + int(conf.get("server-round", 0)) * 1009 + data.client_id
     batches = qa_batches(data.split(role), tokenizer, cfg["llm-batch-size"], seed)
+    fisher_model = fisher_reference_model(model, load_full_precision=lambda: full_precision_twin(cfg, model, device_for()))
     upload = adapter_release(model, batches, role=role, objective=str(conf["objective"]),
                              epochs=int(conf["llm-epochs"]), lr=float(conf["llm-lr"]), seed=seed,
-                             fisher_batches=int(conf["fisher-batches"]))
+                             fisher_batches=int(conf["fisher-batches"]),
+                             fisher_model=None if fisher_model is model else fisher_model)
     content = {"task-vector": ArrayRecord(upload["task_vector"]), "fisher": ArrayRecord(upload["fisher"]),
                "metrics": MetricRecord({"num-examples": upload["num_examples"]})}
     return Message(RecordDict(content), reply_to=msg)

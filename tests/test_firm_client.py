@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tasks.llm.firm_client import firm_release
-from tasks.llm.fisher import lora_state
+from tasks.llm.fisher import adapted_weight_names, diagonal_fisher, lora_state
 from tasks.llm.model import build_llm
 from tasks.llm.synthetic import fictitious_authors
 from tasks.llm.train import qa_batches
@@ -62,3 +62,22 @@ def test_bad_arguments_raise_value_errors(data):
                 p.fill_(0.1)
     with pytest.raises(ValueError, match="not fresh"):
         firm_release(model, None, batches, role="forget", objective="ascent", epochs=1, lr=1e-3, seed=0)
+
+
+@pytest.mark.parametrize("space", ["weight", "lora"])
+def test_fisher_can_be_taken_on_a_separate_full_precision_copy(data, space):
+    """What a 4-bit client does: the Fisher from the copy, the task vector from its own training."""
+    tokenizer, batches, _ = data
+    copy, _ = build_llm("tiny", seed=0, lora_rank=4, target_modules=["q_proj", "down_proj"], tokenizer=tokenizer)
+    with torch.no_grad():
+        for name, p in copy.named_parameters():
+            if "lora" not in name and p.dim() == 2:
+                p.mul_(1.5)  # a different backbone, so its Fisher differs from the model's own
+    model, own = release(data, space=space)
+    _, via_copy = release(data, space=space, fisher_model=copy)
+    names = adapted_weight_names(model) if space == "weight" else None
+    copy_fisher = diagonal_fisher(copy, batches, num_batches=4, space=space, names=names)
+    for name in own["fisher"]:
+        assert torch.equal(via_copy["task_vector"][name], own["task_vector"][name])
+        assert torch.equal(via_copy["fisher"][name], copy_fisher[name])
+    assert any(not torch.allclose(via_copy["fisher"][n], own["fisher"][n]) for n in own["fisher"])

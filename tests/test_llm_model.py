@@ -5,7 +5,7 @@ import torch
 
 from tasks.llm import synthetic
 from tasks.llm.model import adapter_state, build_llm, load_adapter_state
-from tasks.llm.train import IGNORE_INDEX, answer_loss, finetune, qa_batches
+from tasks.llm.train import IGNORE_INDEX, answer_loss, finetune, mean_answer_loss, qa_batches
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +136,33 @@ def test_finetune_uses_a_plugged_in_loss():
 
     finetune(model, batches, epochs=3, lr=5e-3, seed=0, loss_fn=ascent)
     assert len(calls) == 3 and answer_loss(model, batches[0]).item() > before
+
+
+def test_mean_answer_loss_is_the_eval_mean_of_the_batch_losses(tiny):
+    model, tokenizer = tiny
+    batches = qa_batches(synthetic.fictitious_authors(1, 6, seed=2), tokenizer, batch_size=4, seed=0)
+    model.train()
+    with torch.no_grad():
+        model.eval()
+        expected = sum(float(answer_loss(model, b)) for b in batches) / len(batches)
+        model.train()
+    assert mean_answer_loss(model, batches) == pytest.approx(expected, rel=1e-6)
+    assert model.training  # flag restored
+    with pytest.raises(ValueError, match="at least one batch"):
+        mean_answer_loss(model, [])
+
+
+def test_full_precision_twin_carries_the_clients_adapter():
+    from tasks.config import parse_config
+    from tasks.llm.federation_model import full_precision_twin
+
+    cfg = parse_config({"task": "llm-tofu", "method": "firm", "llm-lora-rank": 4}, num_clients=2)
+    model, _ = build_llm("tiny", lora_rank=4, lora_alpha=cfg["llm-lora-alpha"], seed=5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.25)
+    twin = full_precision_twin(cfg, model)
+    assert twin is not model
+    theirs, ours = adapter_state(twin), adapter_state(model)
+    assert set(theirs) == set(ours) and all(torch.equal(theirs[k], ours[k]) for k in ours)

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import torch
 
-from tasks.llm.model import adapter_state, build_llm
+from tasks.llm.model import adapter_state, build_llm, load_adapter_state
 from tasks.llm.objectives import attach_reference_logprobs, make_objective
 from tasks.llm.train import finetune, qa_batches
 
@@ -46,6 +46,17 @@ def task_llm(cfg, device: torch.device | None = None):
     device = device or torch.device("cpu")
     return _built(cfg["llm-model"], cfg["llm-lora-rank"], cfg["llm-lora-alpha"], target_modules(cfg),
                   cfg["llm-load-in-4bit"], cfg["seed"], str(device))
+
+
+def full_precision_twin(cfg, model, device: torch.device | None = None):
+    """The run's model loaded without 4-bit quantisation, carrying ``model``'s current adapter: where a
+    4-bit client takes its FIRM Fisher (the paper computes it on a separately loaded bf16/fp32 copy).
+    Built once per process like ``task_llm``; the adapter is reloaded on every call."""
+    device = device or torch.device("cpu")
+    twin = _built(cfg["llm-model"], cfg["llm-lora-rank"], cfg["llm-lora-alpha"], target_modules(cfg), False,
+                  cfg["seed"], str(device))[0]
+    load_adapter_state(twin, adapter_state(model))
+    return twin
 
 
 class AdapterModel:

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tasks.llm.fisher import SPACES, diagonal_fisher, lora_state, task_vector
+from tasks.llm.fisher import SPACES, adapted_weight_names, diagonal_fisher, lora_state, task_vector
 from tasks.llm.model import adapter_keys
 from tasks.llm.objectives import decoder_layers, make_objective
 from tasks.llm.train import finetune
@@ -70,6 +70,7 @@ def firm_release(
     seed: int,
     fisher_batches: int = 20,
     space: str = "weight",
+    fisher_model=None,
     rmu_layer: int | None = None,
     rmu_steering_coeff: float = 6.5,
     rmu_alpha: float = 1200.0,
@@ -77,8 +78,10 @@ def firm_release(
     """Train the adapter of ``model`` in place and return ``{task_vector, fisher, num_examples}``.
 
     ``reference_state`` is ``tasks.llm.fisher.lora_state(model)`` at the reference (``None``: taken
-    now). ``batches`` are the client's QA batches (``tasks.llm.train.qa_batches``). The upload's tensors
-    are float32 on the CPU and share names and shapes (``space``).
+    now). ``batches`` are the client's QA batches (``tasks.llm.train.qa_batches``). ``fisher_model`` is
+    the model the Fisher is taken on (``None``: ``model``); for a 4-bit ``model`` pass its full-precision
+    copy carrying the same adapter (``tasks.llm.fisher.fisher_reference_model``), as the paper does.
+    The upload's tensors are float32 on the CPU and share names and shapes (``space``).
     """
     _check(role, objective, space, epochs, fisher_batches)
     if not batches:
@@ -90,7 +93,11 @@ def firm_release(
         if nonzero:
             raise ValueError(f"reference adapter is not fresh ({nonzero[0]!r} != 0): the weight-space Fisher "
                              "is taken with the adapter off; merge it into the base first")
-    fisher = diagonal_fisher(model, batches, num_batches=fisher_batches, space=space)
+    if fisher_model is None:
+        fisher = diagonal_fisher(model, batches, num_batches=fisher_batches, space=space)
+    else:
+        names = adapted_weight_names(model) if space == "weight" else None
+        fisher = diagonal_fisher(fisher_model, batches, num_batches=fisher_batches, space=space, names=names)
     params = {}
     if objective == "rmu":
         layer = len(decoder_layers(model)) // 2 if rmu_layer is None else rmu_layer

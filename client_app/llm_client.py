@@ -83,11 +83,10 @@ def fisher(msg: Message, context: Context) -> Message:
     role = str(conf["role"])
     seed = cfg["seed"] * 1_000_003 + int(conf.get("server-round", 0)) * 1009 + data.client_id
     batches = qa_batches(data.split(role), tokenizer, cfg["llm-batch-size"], seed)
-    fisher_model = fisher_reference_model(model, load_full_precision=lambda: full_precision_twin(cfg, model, device_for()))
+    twin = fisher_reference_model(model, load_full_precision=lambda: full_precision_twin(cfg, model, device_for()))
     upload = adapter_release(model, batches, role=role, objective=str(conf["objective"]),
                              epochs=int(conf["llm-epochs"]), lr=float(conf["llm-lr"]), seed=seed,
-                             fisher_batches=int(conf["fisher-batches"]),
-                             fisher_model=None if fisher_model is model else fisher_model)
+                             fisher_batches=int(conf["fisher-batches"]), fisher_model=twin)
     content = {"task-vector": ArrayRecord(upload["task_vector"]), "fisher": ArrayRecord(upload["fisher"]),
                "metrics": MetricRecord({"num-examples": upload["num_examples"]})}
     return Message(RecordDict(content), reply_to=msg)

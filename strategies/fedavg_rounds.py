@@ -3,6 +3,7 @@
 Pretraining (role ``all``), the retrain oracle, continued training and Lethe's restore rounds
 (role ``retain``) are all this strategy: Flower's ``FedAvg`` aggregation, with node sampling
 restricted to the nodes whose hello counts show data of the role, sampled with the run's seed.
+``mean_update`` is the same weighting applied to a list of replies (one-round methods, Lethe's streams).
 """
 
 from __future__ import annotations
@@ -17,8 +18,20 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from strategies.federation import Federation
+from strategies.lethe_math import weighted_average
 
 log = logging.getLogger("fedunlearn")
+
+
+def mean_update(replies: Iterable[Message], start: dict, keys: Iterable[str]) -> dict:
+    """Example-count-weighted mean of ``reply arrays - start`` over ``keys`` (FedAvg's eq. 1 applied to
+    updates): what one-round methods apply and what Lethe calls a stream."""
+    updates, weights = [], []
+    for reply in replies:
+        state = reply.content["arrays"].to_torch_state_dict()
+        updates.append({k: state[k] - start[k] for k in keys})
+        weights.append(int(reply.content["metrics"]["num-examples"]))
+    return weighted_average(updates, weights)
 
 ROLE_COUNT_KEY = {"all": "n-all", "retain": "n-retain", "forget": "n-forget"}
 

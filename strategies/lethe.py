@@ -38,11 +38,10 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 from strategies.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
-from strategies.fedavg_rounds import RoleFedAvg, run_rounds
+from strategies.fedavg_rounds import RoleFedAvg, mean_update, run_rounds
 from strategies.federation import RunStopped
 from strategies.lethe_math import (apply_update, check_gamma, clip_to_reference, feasible_gamma_range, gamma_bounds,
-                                    layer_alignment, layer_gammas, rectify, remove_forget_component,
-                                    weighted_average)
+                                    layer_alignment, layer_gammas, rectify, remove_forget_component)
 from tasks.model import PLUGIN_PREFIX
 from tasks.plugins import specs_to_json
 
@@ -51,21 +50,11 @@ log = logging.getLogger("fedunlearn")
 State = dict[str, torch.Tensor]
 
 
-def _stream(replies, start: State, keys: list[str]) -> tuple[State, int]:
-    """Count-weighted mean update (reply - start) over ``keys``, and the total count."""
-    updates, weights = [], []
-    for reply in replies:
-        state = reply.content["arrays"].to_torch_state_dict()
-        updates.append({k: state[k] - start[k] for k in keys})
-        weights.append(int(reply.content["metrics"]["num-examples"]))
-    return weighted_average(updates, weights), sum(weights)
-
-
 def _apply(state: State, update: State, retain_replies, buffer_names: list[str], where: str) -> State:
     """Eq. 11 on the parameters; buffers (BatchNorm statistics) take the retain stream's average."""
     state = {**state, **apply_update({k: state[k] for k in update}, update)}
     if buffer_names:
-        buffers, _ = _stream(retain_replies, state, buffer_names)
+        buffers = mean_update(retain_replies, state, buffer_names)
         state.update({k: (state[k] + buffers[k]).to(state[k].dtype) for k in buffer_names})
     if not all(bool(torch.isfinite(v).all()) for v in state.values()):
         raise RunStopped(f"phase 'unlearn' {where}: Lethe's model has non-finite weights; lower lethe-lr or lr")
@@ -133,8 +122,8 @@ class Lethe(FedAvg, UnlearningMethod):
                 break
             retain_replies = self._send(ctx, fed.nodes_with("n-retain"), state, plugins, role="retain",
                                         round_no=t, require_all=False, **local)
-            forget, _ = _stream(forget_replies, state, param_names)
-            retain, _ = _stream(retain_replies, state, param_names)
+            forget = mean_update(forget_replies, state, param_names)
+            retain = mean_update(retain_replies, state, param_names)
             norms = {name: float(torch.sqrt(sum((v.double() ** 2).sum() for v in stream.values())))
                      for name, stream in (("retain", retain), ("forget", forget))}
             if not all(math.isfinite(v) for v in norms.values()):
@@ -142,8 +131,8 @@ class Lethe(FedAvg, UnlearningMethod):
                                  f"(norms {norms}); lower lethe-lr")
             bounds = gamma_bounds(retain, forget)
             gammas = layer_gammas(bounds, gamma, cfg["lethe-gamma-mode"])
-            inside = {k: check_gamma({k: b}, gammas[k])[k] for k, b in bounds.items()}
-            rectified = {k: rectify({k: retain[k]}, {k: forget[k]}, gammas[k])[k] for k in retain}
+            inside = check_gamma(bounds, gammas)
+            rectified = rectify(retain, forget, gammas)
             update = clip_to_reference(rectified, retain, cfg["lethe-step-clip"])
             state = _apply(state, update, retain_replies, buffer_names, f"rectify round {t}")
             aligned = [k for k, b in bounds.items() if b is not None]
@@ -175,8 +164,8 @@ class Lethe(FedAvg, UnlearningMethod):
             retain_replies = self._send(ctx, fed.nodes_with("n-retain"), state, [], role="retain",
                                         round_no=round_no, require_all=False, **local)
             fed.cost(fed.phase).rounds += 1
-            forget, _ = _stream(forget_replies, state, param_names)
-            retain, _ = _stream(retain_replies, state, param_names)
+            forget = mean_update(forget_replies, state, param_names)
+            retain = mean_update(retain_replies, state, param_names)
             update = remove_forget_component(retain, forget)
             state = _apply(state, update, retain_replies, buffer_names, f"restore round {t}")
             aligned = sum(1 for s in layer_alignment(retain, forget).values() if s > 0)

@@ -21,6 +21,7 @@ of eq. 13 do not flip on float32 rounding; rectified tensors keep the dtype of t
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 
@@ -55,20 +56,32 @@ def layer_alignment(retain: Layers, forget: Layers) -> dict[str, float]:
     return {name: _dot(retain[name], forget[name]) for name in retain}
 
 
-def rectify(retain: Layers, forget: Layers, gamma: float) -> Layers:
-    """Eq. 10: the rectified update per layer.
+def _per_layer(gamma: float | Mapping[str, float], names) -> dict[str, float]:
+    """``gamma`` for every layer of ``names``: one number for all, or a mapping with an entry per layer."""
+    gammas = dict(gamma) if isinstance(gamma, Mapping) else {name: gamma for name in names}
+    missing = sorted(set(names) - set(gammas))
+    if missing:
+        raise ValueError(f"no gamma for layer {missing[0]!r}")
+    for value in gammas.values():
+        _check_gamma(value)
+    return gammas
+
+
+def rectify(retain: Layers, forget: Layers, gamma: float | Mapping[str, float]) -> Layers:
+    """Eq. 10: the rectified update per layer (``gamma``: one number, or one per layer as
+    ``layer_gammas`` gives).
 
     Where the streams agree (``s > 0``) the forget direction is subtracted from the retain update
     with strength ``gamma``; where they do not (``s <= 0``, including an all-zero forget layer) the
     update is the pure negated forget stream ``-Δu``, exactly as the paper states (the retain
     stream is dropped for that layer in that round).
     """
-    _check_gamma(gamma)
     alignment = layer_alignment(retain, forget)
+    gammas = _per_layer(gamma, alignment)
     rectified: Layers = {}
     for name, s in alignment.items():
         r, u = retain[name].detach(), forget[name].detach()
-        rectified[name] = (r - gamma * u) if s > 0 else -u
+        rectified[name] = (r - gammas[name] * u) if s > 0 else -u
     return rectified
 
 
@@ -110,20 +123,22 @@ def gamma_bounds(retain: Layers, forget: Layers) -> dict[str, tuple[float, float
     return bounds
 
 
-def check_gamma(bounds: dict[str, tuple[float, float] | None], gamma: float, rel_tol: float = 1e-9) -> dict[str, bool]:
-    """Per layer: does ``gamma`` satisfy eq. 13? Layers with ``None`` bounds always pass.
+def check_gamma(bounds: dict[str, tuple[float, float] | None], gamma: float | Mapping[str, float],
+                rel_tol: float = 1e-9) -> dict[str, bool]:
+    """Per layer: does ``gamma`` (one number, or one per layer) satisfy eq. 13? Layers with ``None``
+    bounds always pass.
 
     ``rel_tol`` widens each interval by a relative ``1e-9`` so that a γ computed from the bounds
     themselves (e.g. the midpoint of a Cauchy-Schwarz-tight interval) is not rejected for rounding.
     """
-    _check_gamma(gamma)
+    gammas = _per_layer(gamma, bounds)
     ok: dict[str, bool] = {}
     for name, bound in bounds.items():
         if bound is None:
             ok[name] = True
             continue
         low, high = bound
-        ok[name] = low * (1 - rel_tol) <= gamma <= high * (1 + rel_tol)
+        ok[name] = low * (1 - rel_tol) <= gammas[name] <= high * (1 + rel_tol)
     return ok
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from strategies.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
-from strategies.lethe_math import apply_update, weighted_average
+from strategies.fedavg_rounds import mean_update
+from strategies.lethe_math import apply_update
 
 
 class ObjectiveUnlearning(UnlearningMethod):
@@ -36,12 +37,7 @@ class ObjectiveUnlearning(UnlearningMethod):
         replies = fed.broadcast(nodes, "train", RecordDict({"arrays": ctx.original.arrays, "config": config}),
                                 round_no=1, require_all=True)
         fed.cost(fed.phase).rounds += 1
-        updates, weights = [], []
-        for reply in replies:
-            state = reply.content["arrays"].to_torch_state_dict()
-            updates.append({k: state[k] - start[k] for k in start})
-            weights.append(int(reply.content["metrics"]["num-examples"]))
-        arrays = ArrayRecord(apply_update(start, weighted_average(updates, weights)))
+        arrays = ArrayRecord(apply_update(start, mean_update(replies, start, start)))
         details = {"objective": self.objective, "forget_clients": [fed.client_id(n) for n in nodes],
                    "final_loss": [float(r.content["metrics"]["loss"]) for r in replies],
                    "epochs": cfg["llm-unlearn-epochs"], "lr": cfg["llm-unlearn-lr"]}

@@ -206,3 +206,15 @@ def test_removing_the_forget_component_never_relearns_and_still_helps_retain(see
         assert out[k].norm() <= retain[k].norm() + 1e-6
     zero = remove_forget_component({"a": torch.ones(3)}, {"a": torch.zeros(3)})
     assert torch.equal(zero["a"], torch.ones(3))
+
+
+def test_per_layer_gammas_match_one_call_per_layer():
+    retain, forget = random_streams(3, correlation=0.5)
+    gammas = {k: 0.1 * (i + 1) for i, k in enumerate(retain)}
+    together = rectify(retain, forget, gammas)
+    for k in retain:
+        assert torch.equal(together[k], rectify({k: retain[k]}, {k: forget[k]}, gammas[k])[k])
+    bounds = gamma_bounds(retain, forget)
+    assert check_gamma(bounds, gammas) == {k: check_gamma({k: bounds[k]}, gammas[k])[k] for k in bounds}
+    with pytest.raises(ValueError, match="no gamma for layer"):
+        rectify(retain, forget, dict(list(gammas.items())[1:]))

@@ -93,11 +93,9 @@ def firm_release(
         if nonzero:
             raise ValueError(f"reference adapter is not fresh ({nonzero[0]!r} != 0): the weight-space Fisher "
                              "is taken with the adapter off; merge it into the base first")
-    if fisher_model is None:
-        fisher = diagonal_fisher(model, batches, num_batches=fisher_batches, space=space)
-    else:
-        names = adapted_weight_names(model) if space == "weight" else None
-        fisher = diagonal_fisher(fisher_model, batches, num_batches=fisher_batches, space=space, names=names)
+    fisher_model = model if fisher_model is None else fisher_model
+    names = adapted_weight_names(model) if space == "weight" and fisher_model is not model else None
+    fisher = diagonal_fisher(fisher_model, batches, num_batches=fisher_batches, space=space, names=names)
     params = {}
     if objective == "rmu":
         layer = len(decoder_layers(model)) // 2 if rmu_layer is None else rmu_layer

@@ -6,7 +6,9 @@ behave the same. Raw data never leaves; replies carry model tensors, counts and 
 
 Messages (DESIGN.md): ``query.hello`` -> client id and counts; ``train`` (config: role,
 objective ``ce`` or ``adapter-ascent``, scope, plugins, epochs, lr, max-steps, report-loss-before) -> arrays +
-num-examples/loss (+ ``loss-before``: the received backbone's loss on the role's data, Lethe's adapter bypassed); ``evaluate``
+num-examples/loss (+ ``loss-before`` for the forget role: the received backbone's loss on the forget data,
+Lethe's adapter bypassed); role ``forget+retain`` -> the same per role under ``arrays.<role>`` /
+``metrics.<role>`` (one download, two uploads); ``evaluate``
 -> local metrics with counts and MIA confidences (config ``features``: plus a sample of
 penultimate features for the diagnostics); ``query.centroids`` (FedUP) -> DP centroids;
 ``query.fisher`` (FIRM and its merge baselines, LLM task) -> task vector + diagonal Fisher.
@@ -54,17 +56,33 @@ def _uploaded_state(model: torch.nn.Module, scope: str) -> dict[str, torch.Tenso
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Local training of the received model on the data of ``role`` with ``objective``."""
-    if llm_client.handles(context):
-        return llm_client.train(msg, context)
+    """Local training of the received model on the data of ``role`` with ``objective``.
+
+    ``role`` may name several roles joined by ``+`` (Lethe: ``forget+retain`` for a client holding
+    both): the client trains a fresh copy of the received model once per role and replies with
+    ``arrays.<role>`` / ``metrics.<role>``, so one download serves both streams."""
+    train_role = llm_client.train_role if llm_client.handles(context) else _train_role
+    roles = str(msg.content["config"]["role"]).split("+")
+    if len(roles) == 1:
+        return Message(train_role(msg.content, context, roles[0]), reply_to=msg)
+    content = RecordDict()
+    for role in roles:
+        for key, record in train_role(msg.content, context, role).items():
+            content[f"{key}.{role}"] = record
+    return Message(content, reply_to=msg)
+
+
+def _train_role(content: RecordDict, context: Context, role: str) -> RecordDict:
+    """One role's local training (vision tasks): ``arrays`` (what ``scope`` trained) + ``metrics``."""
     cfg, data, device = client_view(context)
-    conf = msg.content["config"]
-    role, scope = str(conf["role"]), str(conf.get("scope", "all"))
-    model = load_model(cfg, msg.content["arrays"], str(conf.get("plugins", "")))
+    conf = content["config"]
+    scope = str(conf.get("scope", "all"))
+    model = load_model(cfg, content["arrays"], str(conf.get("plugins", "")))
     x, y = data.split(role)
     seed = cfg["seed"] * 1_000_003 + int(conf.get("server-round", 0)) * 1009 + data.client_id
     lr = float(conf.get("lr", cfg["lr"]))
-    before = {"loss-before": loss_without_adapter(model, x, y)} if conf.get("report-loss-before", False) else {}
+    report_before = conf.get("report-loss-before", False) and role == "forget"
+    before = {"loss-before": loss_without_adapter(model, x, y)} if report_before else {}
     if conf.get("objective", "ce") == "adapter-ascent":  # Lethe phase 1: only the adapter moves
         loss = train_adapter_ascent(model, len(model.plugins) - 1, (x, y), steps=int(conf["max-steps"]),
                                     lr=lr, seed=seed, batch_size=cfg["batch-size"],
@@ -78,7 +96,7 @@ def train(msg: Message, context: Context) -> Message:
                            scope=scope, max_steps=int(conf.get("max-steps", 0)) or None, device=device)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in _uploaded_state(model, scope).items()})
     metrics = MetricRecord({"num-examples": len(y), "loss": float(loss), **before})
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+    return RecordDict({"arrays": arrays, "metrics": metrics})
 
 
 @app.evaluate()

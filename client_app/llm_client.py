@@ -55,21 +55,22 @@ def hello(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"hello": MetricRecord({"client-id": data.client_id, **counts})}), reply_to=msg)
 
 
-def train(msg: Message, context: Context) -> Message:
-    """Local (un)learning of the received adapter on the records of ``role``."""
+def train_role(content: RecordDict, context: Context, role: str) -> RecordDict:
+    """Local (un)learning of the received adapter on the records of ``role``: ``arrays`` + ``metrics``
+    (``client_app.app.train`` calls it once per role of the message)."""
     cfg, data, model, tokenizer = _client(context)
-    conf = msg.content["config"]
-    load_adapter_state(model, msg.content["arrays"].to_torch_state_dict())
-    records = data.split(str(conf["role"]))
+    conf = content["config"]
+    load_adapter_state(model, content["arrays"].to_torch_state_dict())
+    records = data.split(role)
     seed = cfg["seed"] * 1_000_003 + int(conf.get("server-round", 0)) * 1009 + data.client_id
     before = {}
-    if conf.get("report-loss-before", False):
+    if conf.get("report-loss-before", False) and role == "forget":
         before["loss-before"] = mean_answer_loss(model, qa_batches(records, tokenizer, cfg["llm-batch-size"], seed))
     loss = local_update(model, tokenizer, records, objective=str(conf.get("objective", "ce")), cfg=cfg,
                         epochs=int(conf.get("llm-epochs", cfg["llm-local-epochs"])),
                         lr=float(conf.get("llm-lr", cfg["llm-lr"])), seed=seed)
     metrics = MetricRecord({"num-examples": len(records), "loss": float(loss), **before})
-    return Message(RecordDict({"arrays": ArrayRecord(adapter_state(model)), "metrics": metrics}), reply_to=msg)
+    return RecordDict({"arrays": ArrayRecord(adapter_state(model)), "metrics": metrics})
 
 
 def fisher(msg: Message, context: Context) -> Message:

@@ -23,14 +23,15 @@ from strategies.lethe_math import weighted_average
 log = logging.getLogger("fedunlearn")
 
 
-def mean_update(replies: Iterable[Message], start: dict, keys: Iterable[str]) -> dict:
-    """Example-count-weighted mean of ``reply arrays - start`` over ``keys`` (FedAvg's eq. 1 applied to
-    updates): what one-round methods apply and what Lethe calls a stream."""
+def mean_update(contents: Iterable[RecordDict], start: dict, keys: Iterable[str]) -> dict:
+    """Example-count-weighted mean of ``arrays - start`` over ``keys`` for reply contents holding
+    ``arrays`` and ``metrics`` (FedAvg's eq. 1 applied to updates): what one-round methods apply and
+    what Lethe calls a stream."""
     updates, weights = [], []
-    for reply in replies:
-        state = reply.content["arrays"].to_torch_state_dict()
+    for content in contents:
+        state = content["arrays"].to_torch_state_dict()
         updates.append({k: state[k] - start[k] for k in keys})
-        weights.append(int(reply.content["metrics"]["num-examples"]))
+        weights.append(int(content["metrics"]["num-examples"]))
     return weighted_average(updates, weights)
 
 ROLE_COUNT_KEY = {"all": "n-all", "retain": "n-retain", "forget": "n-forget"}

@@ -34,12 +34,12 @@ import logging
 import math
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 from strategies.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
 from strategies.fedavg_rounds import RoleFedAvg, mean_update, run_rounds
-from strategies.federation import RunStopped
+from strategies.federation import RoundFailed, RunStopped
 from strategies.lethe_math import (apply_update, check_gamma, clip_to_reference, feasible_gamma_range, gamma_bounds,
                                     layer_alignment, layer_gammas, rectify, remove_forget_component)
 from tasks.model import PLUGIN_PREFIX
@@ -50,23 +50,31 @@ log = logging.getLogger("fedunlearn")
 State = dict[str, torch.Tensor]
 
 
-def _apply(state: State, update: State, retain_replies, buffer_names: list[str], where: str) -> State:
+def _apply(state: State, update: State, retain_views, buffer_names: list[str], where: str) -> State:
     """Eq. 11 on the parameters; buffers (BatchNorm statistics) take the retain stream's average."""
     state = {**state, **apply_update({k: state[k] for k in update}, update)}
     if buffer_names:
-        buffers = mean_update(retain_replies, state, buffer_names)
+        buffers = mean_update(retain_views, state, buffer_names)
         state.update({k: (state[k] + buffers[k]).to(state[k].dtype) for k in buffer_names})
     if not all(bool(torch.isfinite(v).all()) for v in state.values()):
         raise RunStopped(f"phase 'unlearn' {where}: Lethe's model has non-finite weights; lower lethe-lr or lr")
     return state
 
 
-def _forget_loss(replies) -> float:
+def _forget_loss(views) -> float:
     """Forget-count-weighted mean of the forget clients' ``loss-before`` (the received backbone's
     forget loss, adapter bypassed)."""
-    counts = [int(r.content["metrics"]["num-examples"]) for r in replies]
-    losses = [float(r.content["metrics"]["loss-before"]) for r in replies]
+    counts = [int(v["metrics"]["num-examples"]) for v in views]
+    losses = [float(v["metrics"]["loss-before"]) for v in views]
     return sum(n * v for n, v in zip(counts, losses)) / max(1, sum(counts))
+
+
+def _role_view(reply: Message, role: str) -> dict:
+    """``{"arrays", "metrics"}`` of one role in a reply (a ``forget+retain`` reply holds both)."""
+    content = reply.content
+    if "arrays" in content:
+        return {"arrays": content["arrays"], "metrics": content["metrics"]}
+    return {"arrays": content[f"arrays.{role}"], "metrics": content[f"metrics.{role}"]}
 
 
 class Lethe(FedAvg, UnlearningMethod):
@@ -84,6 +92,37 @@ class Lethe(FedAvg, UnlearningMethod):
                               "config": ConfigRecord({"role": role, "plugins": specs_to_json(plugins),
                                                       "server-round": round_no, **config})})
         return ctx.fed.broadcast(nodes, "train", content, round_no=round_no, require_all=require_all)
+
+    def _streams(self, ctx: UnlearnContext, state: State, plugins: list[dict], *, round_no: int,
+                 stop_loss: float | None = None, **config) -> tuple[list, list | None, float]:
+        """One round of both streams: ``(forget views, retain views, forget loss)``.
+
+        The forget clients go first (every one must answer); a client that also holds retained
+        data gets one message with role ``forget+retain`` and returns both updates, so it downloads
+        the model once. If ``stop_loss`` is reached by the forget clients' reported loss, the
+        retained-only clients are not asked and the retain views are ``None``."""
+        fed = ctx.fed
+        forget_nodes, retain_nodes = fed.nodes_with("n-forget"), fed.nodes_with("n-retain")
+        both = set(forget_nodes) & set(retain_nodes)
+        base = {"plugins": specs_to_json(plugins), "server-round": round_no, **config}
+        messages = [Message(RecordDict({"arrays": ArrayRecord(state), "config": ConfigRecord(
+            {**base, "role": "forget+retain" if n in both else "forget",
+             "report-loss-before": stop_loss is not None})}), dst_node_id=n, message_type="train")
+            for n in forget_nodes]
+        replies = fed.exchange(messages, round_no=round_no, require_all=True)
+        forget_views = [_role_view(r, "forget") for r in replies]
+        forget_loss = _forget_loss(forget_views) if stop_loss is not None else math.nan
+        if stop_loss is not None and forget_loss >= stop_loss:
+            return forget_views, None, forget_loss
+        retain_views = [_role_view(r, "retain") for r in replies if r.metadata.src_node_id in both]
+        others = [n for n in retain_nodes if n not in both]
+        if others:
+            content = RecordDict({"arrays": ArrayRecord(state), "config": ConfigRecord({**base, "role": "retain"})})
+            retain_views += [_role_view(r, "retain")
+                             for r in fed.broadcast(others, "train", content, round_no=round_no)]
+        if not retain_views:
+            raise RoundFailed(f"phase '{fed.phase}' round {round_no}: no retained client replied")
+        return forget_views, retain_views, forget_loss
 
     def amplify(self, ctx: UnlearnContext) -> tuple[State, list[dict], dict]:
         """Phase 1: the original model with a trained, frozen temporary adapter (or none)."""
@@ -109,21 +148,19 @@ class Lethe(FedAvg, UnlearningMethod):
                        if not n.startswith(PLUGIN_PREFIX)]
         buffer_names = [k for k in state if k not in param_names and not k.startswith(PLUGIN_PREFIX)]
         gamma, history = cfg["lethe-gamma"], []
+        step_clip = cfg["lethe-step-clip-class" if cfg["scenario"] == "class" else "lethe-step-clip"]
         for t in range(1, cfg["lethe-rectify-rounds"] + 1):
             local = {"scope": "base", "lr": cfg["lethe-lr"], "epochs": cfg["lethe-epochs"]}
-            forget_replies = self._send(ctx, fed.nodes_with("n-forget"), state, plugins, role="forget",
-                                        round_no=t, require_all=True, **{"report-loss-before": True}, **local)
+            forget_views, retain_views, forget_loss = self._streams(ctx, state, plugins, round_no=t,
+                                                                    stop_loss=cfg["lethe-stop-loss"], **local)
             fed.cost(fed.phase).rounds += 1
-            forget_loss = _forget_loss(forget_replies)
-            if forget_loss >= cfg["lethe-stop-loss"]:
+            if retain_views is None:
                 log.info("[lethe] rectify round %d: the backbone's forget loss %.3g >= lethe-stop-loss %g: "
                          "rectification stops", t, forget_loss, cfg["lethe-stop-loss"])
                 history.append({"forget_loss": forget_loss, "stopped": True})
                 break
-            retain_replies = self._send(ctx, fed.nodes_with("n-retain"), state, plugins, role="retain",
-                                        round_no=t, require_all=False, **local)
-            forget = mean_update(forget_replies, state, param_names)
-            retain = mean_update(retain_replies, state, param_names)
+            forget = mean_update(forget_views, state, param_names)
+            retain = mean_update(retain_views, state, param_names)
             norms = {name: float(torch.sqrt(sum((v.double() ** 2).sum() for v in stream.values())))
                      for name, stream in (("retain", retain), ("forget", forget))}
             if not all(math.isfinite(v) for v in norms.values()):
@@ -133,8 +170,8 @@ class Lethe(FedAvg, UnlearningMethod):
             gammas = layer_gammas(bounds, gamma, cfg["lethe-gamma-mode"])
             inside = check_gamma(bounds, gammas)
             rectified = rectify(retain, forget, gammas)
-            update = clip_to_reference(rectified, retain, cfg["lethe-step-clip"])
-            state = _apply(state, update, retain_replies, buffer_names, f"rectify round {t}")
+            update = clip_to_reference(rectified, retain, step_clip)
+            state = _apply(state, update, retain_views, buffer_names, f"rectify round {t}")
             aligned = [k for k, b in bounds.items() if b is not None]
             log.info("[lethe] rectify round %d/%d: |retain| %.3g |forget| %.3g; %d/%d layers aligned (s>0), "
                      "gamma (%s) inside the Prop. IV.1 bounds on %d of them", t, cfg["lethe-rectify-rounds"],
@@ -159,15 +196,12 @@ class Lethe(FedAvg, UnlearningMethod):
         local = {"scope": "all", "lr": cfg["lr"], "epochs": cfg["local-epochs"]}
         for t in range(1, cfg["lethe-restore-rounds"] + 1):
             round_no = cfg["lethe-rectify-rounds"] + t
-            forget_replies = self._send(ctx, fed.nodes_with("n-forget"), state, [], role="forget",
-                                        round_no=round_no, require_all=True, **local)
-            retain_replies = self._send(ctx, fed.nodes_with("n-retain"), state, [], role="retain",
-                                        round_no=round_no, require_all=False, **local)
+            forget_views, retain_views, _ = self._streams(ctx, state, [], round_no=round_no, **local)
             fed.cost(fed.phase).rounds += 1
-            forget = mean_update(forget_replies, state, param_names)
-            retain = mean_update(retain_replies, state, param_names)
+            forget = mean_update(forget_views, state, param_names)
+            retain = mean_update(retain_views, state, param_names)
             update = remove_forget_component(retain, forget)
-            state = _apply(state, update, retain_replies, buffer_names, f"restore round {t}")
+            state = _apply(state, update, retain_views, buffer_names, f"restore round {t}")
             aligned = sum(1 for s in layer_alignment(retain, forget).values() if s > 0)
             log.info("[lethe] restore round %d/%d: forget component removed from %d/%d layers", t,
                      cfg["lethe-restore-rounds"], aligned, len(param_names))

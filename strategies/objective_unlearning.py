@@ -37,7 +37,7 @@ class ObjectiveUnlearning(UnlearningMethod):
         replies = fed.broadcast(nodes, "train", RecordDict({"arrays": ctx.original.arrays, "config": config}),
                                 round_no=1, require_all=True)
         fed.cost(fed.phase).rounds += 1
-        arrays = ArrayRecord(apply_update(start, mean_update(replies, start, start)))
+        arrays = ArrayRecord(apply_update(start, mean_update([r.content for r in replies], start, start)))
         details = {"objective": self.objective, "forget_clients": [fed.client_id(n) for n in nodes],
                    "final_loss": [float(r.content["metrics"]["loss"]) for r in replies],
                    "epochs": cfg["llm-unlearn-epochs"], "lr": cfg["llm-unlearn-lr"]}

@@ -162,7 +162,10 @@ SETTINGS: tuple[Setting, ...] = (
        "upper: each layer's upper Prop. IV.1 bound (strongest forgetting it allows)",
        _one_of(("fixed", "clamp", "upper"))),
     _s("lethe-step-clip", float, 1.0,
-       "each rectified update is scaled to at most this x the retain stream's L2 norm; 0 = off",
+       "each rectified update is scaled to at most this x the retain stream's L2 norm (client and sample "
+       "scenarios); 0 = off", _at_least(0)),
+    _s("lethe-step-clip-class", float, 3.0,
+       "lethe-step-clip of the class scenario (a whole class needs larger steps than a trigger); 0 = off",
        _at_least(0)),
     _s("lethe-rectify-rounds", int, 10, "most dual-stream rectification rounds", _at_least(0)),
     _s("lethe-stop-loss", float, 12.0,

@@ -43,6 +43,22 @@ def test_train_changes_weights_and_reports_examples():
     assert any(not torch.equal(trained[k], v) for k, v in model.state_dict().items())
 
 
+def test_train_for_two_roles_returns_one_update_per_role_from_the_same_model():
+    run = {"scenario": "sample", "forget-client": 1, "mia-max-samples": 20}
+    model = build_model("digits-lenet5", [], seed=0)
+    arrays = ArrayRecord(model.state_dict())
+    message = _message("train", arrays, role="forget+retain", epochs=1, lr=0.05, **{"report-loss-before": True})
+    reply = app(message, _context(pid=1, run=run)).content
+    assert set(reply.keys()) == {"arrays.forget", "metrics.forget", "arrays.retain", "metrics.retain"}
+    forget, retain = reply["arrays.forget"].to_torch_state_dict(), reply["arrays.retain"].to_torch_state_dict()
+    assert any(not torch.equal(forget[k], retain[k]) for k in forget)
+    assert reply["metrics.forget"]["num-examples"] > 0 and reply["metrics.retain"]["num-examples"] > 0
+    assert "loss-before" in reply["metrics.forget"] and "loss-before" not in reply["metrics.retain"]
+    # each role trained from the received model: the retain half equals a retain-only request
+    alone = app(_message("train", arrays, role="retain", epochs=1, lr=0.05), _context(pid=1, run=run))
+    assert all(torch.equal(v, retain[k]) for k, v in alone.content["arrays"].to_torch_state_dict().items())
+
+
 def test_train_plugins_scope_uploads_only_the_adapter():
     plugins = [{"kind": "lethe-adapter", "seed": 0}]
     model = build_model("digits-lenet5", plugins, seed=0)

@@ -108,6 +108,18 @@ def test_lethe_runs_its_three_phases(tmp_path):
     assert paper["models"]["unlearned"] != results["models"]["unlearned"]
 
 
+def test_lethe_sends_one_message_to_a_client_holding_both_roles(tmp_path):
+    """Class scenario: every client holds forget and retained data, so each rectify or restore round
+    is one download per client (two uploads), not two exchanges."""
+    results, _, _ = run(tmp_path, method="lethe", scenario="class", **{"lethe-stop-loss": float("inf")})
+    cost = results["cost"]["unlearn"]
+    assert cost["rounds"] == 3
+    model_bytes = results["cost"]["pretrain"]["bytes_down"] / (TINY["pretrain-rounds"] * 4)
+    # amplify sends the composite once to each of the 4 clients, rectify and restore once more each
+    assert 3 * 4 * model_bytes <= cost["bytes_down"] < 3.5 * 4 * model_bytes
+    assert cost["bytes_up"] > 2 * 2 * 4 * 0.9 * model_bytes
+
+
 def test_lethe_rectification_stops_once_the_forget_loss_is_reached(tmp_path):
     results, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor",
                         **{"lethe-rectify-rounds": 3, "lethe-stop-loss": 1e-6})

@@ -6,7 +6,8 @@
    scenario: every client holding the class) and freezes it. Uploaded once, broadcast once.
 2. **Rectify** (at most ``lethe-rectify-rounds``): each round the composite model goes to the forget
    clients (forget stream, eq. 7: ordinary local training on the forget data) and to the retained
-   clients (retain stream, eq. 8, weighted by counts), both trained with ``lethe-lr`` for
+   clients (retain stream, eq. 8, weighted by counts), both trained with ``lethe-lr`` (class
+   scenario: ``lethe-lr-class``; its update clip is ``lethe-step-clip-class``) for
    ``lethe-epochs`` (small, as the paper's 1e-3: the rule negates the forget stream when the
    streams anti-align, so a large forget step is a large ascent step); only the backbone trains. Per named
    parameter tensor the server applies eq. 10 with the gamma of ``lethe-gamma-mode`` (default
@@ -148,9 +149,10 @@ class Lethe(FedAvg, UnlearningMethod):
                        if not n.startswith(PLUGIN_PREFIX)]
         buffer_names = [k for k in state if k not in param_names and not k.startswith(PLUGIN_PREFIX)]
         gamma, history = cfg["lethe-gamma"], []
-        step_clip = cfg["lethe-step-clip-class" if cfg["scenario"] == "class" else "lethe-step-clip"]
+        suffix = "-class" if cfg["scenario"] == "class" else ""  # a class needs larger steps (docs/lethe.md)
+        lr, step_clip = cfg[f"lethe-lr{suffix}"], cfg[f"lethe-step-clip{suffix}"]
         for t in range(1, cfg["lethe-rectify-rounds"] + 1):
-            local = {"scope": "base", "lr": cfg["lethe-lr"], "epochs": cfg["lethe-epochs"]}
+            local = {"scope": "base", "lr": lr, "epochs": cfg["lethe-epochs"]}
             forget_views, retain_views, forget_loss = self._streams(ctx, state, plugins, round_no=t,
                                                                     stop_loss=cfg["lethe-stop-loss"], **local)
             fed.cost(fed.phase).rounds += 1

@@ -155,7 +155,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("lethe-adapter-max-loss", float, 10.0,
        "adapter ascent stops once a batch's forget loss reaches this (bounded amplification)", _positive()),
     _s("lethe-lr", float, 0.01,
-       "local learning rate of both streams during rectification (the paper uses 1e-3 for CV)", _positive()),
+       "local learning rate of both streams during rectification (client and sample scenarios; the paper "
+       "uses 1e-3 for CV)", _positive()),
+    _s("lethe-lr-class", float, 0.02, "lethe-lr of the class scenario", _positive()),
     _s("lethe-epochs", int, 1, "local epochs of both streams per rectification round (paper: 1)", _positive()),
     _s("lethe-gamma-mode", str, "upper",
        "fixed: lethe-gamma in every layer (paper); clamp: clipped into each layer's Prop. IV.1 bounds; "
@@ -164,8 +166,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("lethe-step-clip", float, 1.0,
        "each rectified update is scaled to at most this x the retain stream's L2 norm (client and sample "
        "scenarios); 0 = off", _at_least(0)),
-    _s("lethe-step-clip-class", float, 3.0,
-       "lethe-step-clip of the class scenario (a whole class needs larger steps than a trigger); 0 = off",
+    _s("lethe-step-clip-class", float, 5.0,
+       "lethe-step-clip of the class scenario; 0 = off",
        _at_least(0)),
     _s("lethe-rectify-rounds", int, 10, "most dual-stream rectification rounds", _at_least(0)),
     _s("lethe-stop-loss", float, 12.0,

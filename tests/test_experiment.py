@@ -120,6 +120,16 @@ def test_lethe_sends_one_message_to_a_client_holding_both_roles(tmp_path):
     assert cost["bytes_up"] > 2 * 2 * 4 * 0.9 * model_bytes
 
 
+def test_lethe_class_scenario_takes_its_own_step_settings(tmp_path):
+    """The class scenario rectifies with lethe-lr-class / lethe-step-clip-class; lethe-lr is not used there."""
+    common = {"method": "lethe", "scenario": "class", "lethe-stop-loss": float("inf"), "lethe-restore-rounds": 0}
+    default, _, _ = run(tmp_path, **common)
+    other_lr, _, _ = run(tmp_path, **common, **{"lethe-lr": 0.5})
+    other_class_lr, _, _ = run(tmp_path, **common, **{"lethe-lr-class": 0.5})
+    assert other_lr["models"]["unlearned"] == default["models"]["unlearned"]
+    assert other_class_lr["models"]["unlearned"] != default["models"]["unlearned"]
+
+
 def test_lethe_rectification_stops_once_the_forget_loss_is_reached(tmp_path):
     results, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor",
                         **{"lethe-rectify-rounds": 3, "lethe-stop-loss": 1e-6})

@@ -22,7 +22,7 @@ from flwr.clientapp import ClientApp
 
 from client_app import llm_client
 from client_app.fedup_client import centroid_release
-from client_app.state import client_view, load_model
+from client_app.state import client_view, load_model, round_seed
 from tasks.lethe_adapter import loss_without_adapter, train_adapter_ascent
 from tasks.metrics import client_metrics, feature_sample
 from tasks.model import PLUGIN_PREFIX
@@ -79,7 +79,7 @@ def _train_role(content: RecordDict, context: Context, role: str) -> RecordDict:
     scope = str(conf.get("scope", "all"))
     model = load_model(cfg, content["arrays"], str(conf.get("plugins", "")))
     x, y = data.split(role)
-    seed = cfg["seed"] * 1_000_003 + int(conf.get("server-round", 0)) * 1009 + data.client_id
+    seed = round_seed(cfg, conf, data.client_id)
     lr = float(conf.get("lr", cfg["lr"]))
     report_before = conf.get("report-loss-before", False) and role == "forget"
     before = {"loss-before": loss_without_adapter(model, x, y)} if report_before else {}

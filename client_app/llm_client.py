@@ -17,7 +17,7 @@ from functools import lru_cache
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from client_app.state import _node_partition
+from client_app.state import _node_partition, round_seed
 from tasks.config import Config, parse_config
 from tasks.llm.federation_data import LLMClientData, build_llm_client_data, is_llm_task, load_author_records
 from tasks.llm.federation_metrics import client_llm_metrics
@@ -62,7 +62,7 @@ def train_role(content: RecordDict, context: Context, role: str) -> RecordDict:
     conf = content["config"]
     load_adapter_state(model, content["arrays"].to_torch_state_dict())
     records = data.split(role)
-    seed = cfg["seed"] * 1_000_003 + int(conf.get("server-round", 0)) * 1009 + data.client_id
+    seed = round_seed(cfg, conf, data.client_id)
     before = {}
     if conf.get("report-loss-before", False) and role == "forget":
         before["loss-before"] = mean_answer_loss(model, qa_batches(records, tokenizer, cfg["llm-batch-size"], seed))
@@ -82,7 +82,7 @@ def fisher(msg: Message, context: Context) -> Message:
     conf = msg.content["config"]
     load_adapter_state(model, msg.content["arrays"].to_torch_state_dict())
     role = str(conf["role"])
-    seed = cfg["seed"] * 1_000_003 + int(conf.get("server-round", 0)) * 1009 + data.client_id
+    seed = round_seed(cfg, conf, data.client_id)
     batches = qa_batches(data.split(role), tokenizer, cfg["llm-batch-size"], seed)
     twin = fisher_reference_model(model, load_full_precision=lambda: full_precision_twin(cfg, model, device_for()))
     upload = adapter_release(model, batches, role=role, objective=str(conf["objective"]),

@@ -43,6 +43,12 @@ def client_view(context: Context) -> tuple[Config, ClientData, torch.device]:
     return cfg, data, device_for()
 
 
+def round_seed(cfg: Config, conf, client_id: int) -> int:
+    """The seed of one client's local work in one round (message config ``conf``): distinct per run
+    seed, round and client, and the same for every role a client trains in that round."""
+    return cfg["seed"] * 1_000_003 + int(conf.get("server-round", 0)) * 1009 + client_id
+
+
 def load_model(cfg: Config, arrays: ArrayRecord, plugins_json: str) -> torch.nn.Module:
     """The task's model with the given plug-ins, loaded with the received weights."""
     model = build_model(cfg["task"], specs_from_json(plugins_json), seed=cfg["seed"])

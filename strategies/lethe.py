@@ -70,6 +70,12 @@ def _forget_loss(views) -> float:
     return sum(n * v for n, v in zip(counts, losses)) / max(1, sum(counts))
 
 
+def _train_content(arrays: ArrayRecord, plugins: list[dict], *, role: str, round_no: int, **config) -> RecordDict:
+    """A ``train`` message's content: the model (built once per round and shared) and its config."""
+    return RecordDict({"arrays": arrays, "config": ConfigRecord(
+        {"role": role, "plugins": specs_to_json(plugins), "server-round": round_no, **config})})
+
+
 def _role_view(reply: Message, role: str) -> dict:
     """``{"arrays", "metrics"}`` of one role in a reply (a ``forget+retain`` reply holds both)."""
     content = reply.content
@@ -87,13 +93,6 @@ class Lethe(FedAvg, UnlearningMethod):
         super().__init__(fraction_train=1.0, fraction_evaluate=0.0, weighted_by_key="num-examples",
                          arrayrecord_key="arrays", configrecord_key="config")
 
-    def _send(self, ctx: UnlearnContext, nodes: list[int], state: State, plugins: list[dict], *, role: str,
-              round_no: int, require_all: bool, **config):
-        content = RecordDict({"arrays": ArrayRecord(state),
-                              "config": ConfigRecord({"role": role, "plugins": specs_to_json(plugins),
-                                                      "server-round": round_no, **config})})
-        return ctx.fed.broadcast(nodes, "train", content, round_no=round_no, require_all=require_all)
-
     def _streams(self, ctx: UnlearnContext, state: State, plugins: list[dict], *, round_no: int,
                  stop_loss: float | None = None, **config) -> tuple[list, list | None, float]:
         """One round of both streams: ``(forget views, retain views, forget loss)``.
@@ -105,11 +104,12 @@ class Lethe(FedAvg, UnlearningMethod):
         fed = ctx.fed
         forget_nodes, retain_nodes = fed.nodes_with("n-forget"), fed.nodes_with("n-retain")
         both = set(forget_nodes) & set(retain_nodes)
-        base = {"plugins": specs_to_json(plugins), "server-round": round_no, **config}
-        messages = [Message(RecordDict({"arrays": ArrayRecord(state), "config": ConfigRecord(
-            {**base, "role": "forget+retain" if n in both else "forget",
-             "report-loss-before": stop_loss is not None})}), dst_node_id=n, message_type="train")
-            for n in forget_nodes]
+        arrays = ArrayRecord(state)
+        forget_config = {**config, "report-loss-before": stop_loss is not None}
+        contents = {role: _train_content(arrays, plugins, role=role, round_no=round_no, **forget_config)
+                    for role in ("forget", "forget+retain")}
+        messages = [Message(contents["forget+retain" if n in both else "forget"], dst_node_id=n, message_type="train")
+                    for n in forget_nodes]
         replies = fed.exchange(messages, round_no=round_no, require_all=True)
         forget_views = [_role_view(r, "forget") for r in replies]
         forget_loss = _forget_loss(forget_views) if stop_loss is not None else math.nan
@@ -118,9 +118,8 @@ class Lethe(FedAvg, UnlearningMethod):
         retain_views = [_role_view(r, "retain") for r in replies if r.metadata.src_node_id in both]
         others = [n for n in retain_nodes if n not in both]
         if others:
-            content = RecordDict({"arrays": ArrayRecord(state), "config": ConfigRecord({**base, "role": "retain"})})
-            retain_views += [_role_view(r, "retain")
-                             for r in fed.broadcast(others, "train", content, round_no=round_no)]
+            content = _train_content(arrays, plugins, role="retain", round_no=round_no, **config)
+            retain_views += [_role_view(r, "retain") for r in fed.broadcast(others, "train", content, round_no=round_no)]
         if not retain_views:
             raise RoundFailed(f"phase '{fed.phase}' round {round_no}: no retained client replied")
         return forget_views, retain_views, forget_loss
@@ -134,9 +133,10 @@ class Lethe(FedAvg, UnlearningMethod):
         plugins = [{"kind": "lethe-adapter", "seed": cfg["seed"]}]
         model = ctx.model_factory(plugins)
         model.load_state_dict({**model.state_dict(), **base})
-        replies = self._send(ctx, ctx.fed.nodes_with("n-forget"), model.state_dict(), plugins, role="forget",
-                             round_no=1, require_all=True, objective="adapter-ascent", scope="plugins",
-                             **{"max-steps": cfg["lethe-adapter-steps"], "lr": cfg["lethe-adapter-lr"]})
+        content = _train_content(ArrayRecord(model.state_dict()), plugins, role="forget", round_no=1,
+                                 objective="adapter-ascent", scope="plugins",
+                                 **{"max-steps": cfg["lethe-adapter-steps"], "lr": cfg["lethe-adapter-lr"]})
+        replies = ctx.fed.broadcast(ctx.fed.nodes_with("n-forget"), "train", content, round_no=1, require_all=True)
         ctx.fed.cost(ctx.fed.phase).rounds += 1
         adapter, _ = self.aggregate_train(1, replies)
         losses = [float(r.content["metrics"]["loss"]) for r in replies]

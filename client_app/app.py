@@ -1,10 +1,16 @@
 """The fedunlearn ClientApp: message handlers around the client-side work in ``tasks/``.
 
-Every handler rebuilds the client's data view from the run config and its node config
-(``partition-id``, ``num-partitions``), cached per process, so simulation and real SuperNodes
-behave the same. Raw data never leaves; replies carry model tensors, counts and model outputs.
+Every handler finds the client's data view from the run config and its node config
+(``partition-id`` + ``num-partitions``, or ``data-path``; ``client_app.state``), cached per node on
+disk and per process, so simulation and real SuperNodes behave the same. Raw data never leaves;
+replies carry model tensors, counts and model outputs.
 
-Messages (DESIGN.md): ``query.hello`` -> client id and counts; ``train`` (config: role,
+Cold start: the Deployment Engine starts a fresh ClientApp process for every message, so this
+module imports only what every vision handler needs; the LLM stack (transformers, peft) is
+imported by the LLM branch only, FedUP's centroid code (scikit-learn's KMeans) by
+``query.centroids`` only.
+
+Messages: ``query.hello`` -> client id and counts; ``train`` (config: role,
 objective ``ce`` or ``adapter-ascent``, scope, plugins, epochs, lr, max-steps, report-loss-before) -> arrays +
 num-examples/loss (+ ``loss-before`` for the forget role: the received backbone's loss on the forget data,
 Lethe's adapter bypassed); role ``forget+retain`` -> the same per role under ``arrays.<role>`` /
@@ -16,13 +22,15 @@ penultimate features for the diagnostics); ``query.centroids`` (FedUP) -> DP cen
 
 from __future__ import annotations
 
+from logging import INFO
+
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 
-from client_app import llm_client
-from client_app.fedup_client import centroid_release
 from client_app.state import client_view, load_model, round_seed
+from tasks.config import LLM_TASKS
 from tasks.lethe_adapter import loss_without_adapter, train_adapter_ascent
 from tasks.metrics import client_metrics, feature_sample
 from tasks.model import PLUGIN_PREFIX
@@ -33,15 +41,45 @@ torch.set_num_threads(1)
 app = ClientApp()
 
 
+def _llm_client(context: Context):
+    """``client_app.llm_client`` when this run's task is an LLM task, else None (imported only then)."""
+    if str(context.run_config.get("task", "")) not in LLM_TASKS:
+        return None
+    if "data-path" in context.node_config:
+        raise ValueError(f"node config 'data-path' is not supported yet for task "
+                         f"'{context.run_config['task']}': use partition-id and num-partitions")
+    from client_app import llm_client
+
+    return llm_client
+
+
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
     """Client id and data counts, so the server can address roles by node."""
-    if llm_client.handles(context):
-        return llm_client.hello(msg, context)
+    llm = _llm_client(context)
+    if llm:
+        return llm.hello(msg, context)
     cfg, data, _ = client_view(context)
     counts = data.counts()
     counts["n-all"] = counts["n-retain"] + counts["n-forget"]
-    return Message(RecordDict({"hello": MetricRecord({"client-id": data.client_id, **counts})}), reply_to=msg)
+    log(INFO, "fedunlearn client %d: request scenario '%s': %d of %d training samples to forget, %d kept; "
+        "only model updates, counts and model outputs leave this node", data.client_id, cfg["scenario"],
+        counts["n-forget"], counts["n-all"], counts["n-retain"])
+    identity = {"data-id": _content_id(data)} if "data-path" in context.node_config else {}
+    return Message(RecordDict({"hello": MetricRecord({"client-id": data.client_id, **counts, **identity})}),
+                   reply_to=msg)
+
+
+def _content_id(data) -> int:
+    """A node's own files (``data-path``) as one integer: the first 60 bits of the SHA-256 of its
+    training and test arrays. The server cannot read those files, so it keys its model cache by
+    this (a metric record holds numbers, not strings)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for tensor in (*data.split("all"), data.test_x, data.test_y):
+        digest.update(tensor.contiguous().numpy().tobytes())
+    return int(digest.hexdigest()[:15], 16)
 
 
 def _uploaded_state(model: torch.nn.Module, scope: str) -> dict[str, torch.Tensor]:
@@ -61,7 +99,8 @@ def train(msg: Message, context: Context) -> Message:
     ``role`` may name several roles joined by ``+`` (Lethe: ``forget+retain`` for a client holding
     both): the client trains a fresh copy of the received model once per role and replies with
     ``arrays.<role>`` / ``metrics.<role>``, so one download serves both streams."""
-    train_role = llm_client.train_role if llm_client.handles(context) else _train_role
+    llm = _llm_client(context)
+    train_role = llm.train_role if llm else _train_role
     roles = str(msg.content["config"]["role"]).split("+")
     if len(roles) == 1:
         return Message(train_role(msg.content, context, roles[0]), reply_to=msg)
@@ -89,8 +128,7 @@ def _train_role(content: RecordDict, context: Context, role: str) -> RecordDict:
                                     max_loss=cfg["lethe-adapter-max-loss"])["loss_end"]
     else:
         epochs = int(conf.get("epochs", cfg["local-epochs"]))
-        if role == "all" and cfg["scenario"] == "client" and len(data.forget_y) and cfg["poison-epochs"]:
-            epochs = cfg["poison-epochs"]  # the leaving client poisons harder while the original trains
+        epochs = data.local_epochs(role, cfg, epochs)  # the leaving client's poisoning (tasks.requests)
         loss = train_local(model, x, y, epochs=epochs,
                            batch_size=cfg["batch-size"], lr=lr, momentum=cfg["momentum"], seed=seed,
                            scope=scope, max_steps=int(conf.get("max-steps", 0)) or None, device=device)
@@ -102,8 +140,9 @@ def _train_role(content: RecordDict, context: Context, role: str) -> RecordDict:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Local forget/retain/test metrics of the received model."""
-    if llm_client.handles(context):
-        return llm_client.evaluate(msg, context)
+    llm = _llm_client(context)
+    if llm:
+        return llm.evaluate(msg, context)
     cfg, data, device = client_view(context)
     conf = msg.content["config"]
     model = load_model(cfg, msg.content["arrays"], str(conf.get("plugins", "")))
@@ -119,6 +158,8 @@ def evaluate(msg: Message, context: Context) -> Message:
 @app.query("centroids")
 def centroids(msg: Message, context: Context) -> Message:
     """FedUP: DP class centroids of this client's retained features (``client_app.fedup_client``)."""
+    from client_app.fedup_client import centroid_release
+
     cfg, data, _ = client_view(context)
     model = load_model(cfg, msg.content["arrays"], str(msg.content["config"].get("plugins", "")))
     return Message(centroid_release(cfg, data, model), reply_to=msg)
@@ -127,6 +168,7 @@ def centroids(msg: Message, context: Context) -> Message:
 @app.query("fisher")
 def fisher(msg: Message, context: Context) -> Message:
     """FIRM: task vector + diagonal Fisher of the received LoRA adapter (``client_app.llm_client``)."""
-    if not llm_client.handles(context):
+    llm = _llm_client(context)
+    if not llm:
         raise ValueError("query.fisher (FIRM and the merge baselines) needs an LLM task (task='llm-tofu')")
-    return llm_client.fisher(msg, context)
+    return llm.fisher(msg, context)

@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from client_app.state import _node_partition, round_seed
 from tasks.config import Config, parse_config
-from tasks.llm.federation_data import LLMClientData, build_llm_client_data, is_llm_task, load_author_records
+from tasks.llm.federation_data import LLMClientData, build_llm_client_data, load_author_records
 from tasks.llm.federation_metrics import client_llm_metrics
 from tasks.llm.federation_model import full_precision_twin, local_update, task_llm
 from tasks.llm.firm_client import adapter_release
@@ -27,11 +27,6 @@ from tasks.llm.fisher import fisher_reference_model
 from tasks.llm.model import adapter_state, load_adapter_state
 from tasks.llm.train import mean_answer_loss, qa_batches
 from tasks.training import device_for
-
-
-def handles(context: Context) -> bool:
-    """Whether this run's task is an LLM task (its handlers are here)."""
-    return is_llm_task(str(context.run_config.get("task", "")))
 
 
 @lru_cache(maxsize=4)
@@ -97,6 +92,5 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Sums and counts of the received adapter's metrics on this client's forget/retain records."""
     cfg, data, model, tokenizer = _client(context)
     load_adapter_state(model, msg.content["arrays"].to_torch_state_dict())
-    metrics = client_llm_metrics(model, tokenizer, data, max_new_tokens=cfg["llm-max-new-tokens"],
-                                 batch_size=cfg["llm-eval-batch-size"], seed=cfg["seed"])
+    metrics = client_llm_metrics(model, tokenizer, data, cfg=cfg)
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

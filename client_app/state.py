@@ -1,16 +1,21 @@
 """Per-process client state: the parsed config, this client's data view, and model loading.
 
-Ray keeps a simulated client's process alive across rounds, so the data view is built once per
-(run config, partition) and reused.
+A node's data is either a partition of the shared pool (node config ``partition-id`` and
+``num-partitions``) or its own files (node config ``data-path``, with ``partition-id`` as its client
+id; format in ``tasks.node_data``). The view is built once per node and kept on disk
+(``client_app.view_cache``: the Deployment Engine starts a fresh process for every message) and in
+memory (Ray keeps a simulated client's process alive across rounds).
 """
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import torch
 from flwr.app import ArrayRecord, Context
 
+from client_app.view_cache import cache_folder, cached_view, file_fingerprint, pool_fingerprint, view_key
 from tasks.config import Config, parse_config
 from tasks.plugins import specs_from_json
 from tasks.registry import build_model, load_task_images
@@ -18,28 +23,61 @@ from tasks.requests import ClientData, build_client_data
 from tasks.training import device_for
 
 
-def _node_partition(context: Context) -> tuple[int, int]:
-    node = context.node_config
+def _int(node: dict, key: str) -> int:
+    try:
+        return int(node[key])
+    except (TypeError, ValueError):
+        raise ValueError(f"node config {key!r}={node[key]!r} must be an integer") from None
+
+
+def _partition(node: dict) -> tuple[int, int]:
     if "partition-id" not in node or "num-partitions" not in node:
         raise ValueError("node config needs 'partition-id' and 'num-partitions' "
-                         "(e.g. --node-config \"partition-id=0 num-partitions=3\")")
-    pid, n = int(node["partition-id"]), int(node["num-partitions"])
+                         "(e.g. --node-config \"partition-id=0 num-partitions=3\") or 'data-path' and "
+                         "'partition-id'")
+    pid, n = _int(node, "partition-id"), _int(node, "num-partitions")
     if not 0 <= pid < n:
         raise ValueError(f"node config 'partition-id'={pid} must be in 0..{n - 1}")
     return pid, n
 
 
+def _node_partition(context: Context) -> tuple[int, int]:
+    """(partition id, number of partitions) of a node over the shared pool, checked."""
+    return _partition(context.node_config)
+
+
+def _own_data_id(node: dict) -> int:
+    if "partition-id" not in node or _int(node, "partition-id") < 0:
+        raise ValueError("node config 'data-path' needs 'partition-id' too (this node's client id, >= 0, "
+                         "unique in the federation)")
+    return _int(node, "partition-id")
+
+
 @lru_cache(maxsize=4)
-def _view(frozen_config: tuple, partition_id: int, num_partitions: int) -> tuple[Config, ClientData]:
-    cfg = parse_config(dict(frozen_config), num_clients=num_partitions)
-    images = load_task_images(cfg["task"], cfg["data-dir"], cfg["download"])
-    return cfg, build_client_data(cfg, images, partition_id, num_partitions)
+def _view(frozen_config: tuple, frozen_node: tuple) -> tuple[Config, ClientData]:
+    run, node = dict(frozen_config), dict(frozen_node)
+    if "data-path" in node:
+        from tasks.node_data import build_own_client_data, split_files
+
+        pid = _own_data_id(node)
+        cfg = parse_config(run)
+        path = os.path.abspath(os.path.expanduser(str(node["data-path"])))
+        key = view_key(cfg, {"data-path": path, "partition-id": pid}, file_fingerprint(split_files(path)))
+        return cfg, cached_view(cache_folder(node), key, lambda: build_own_client_data(cfg, path, pid))
+    pid, n = _partition(node)
+    cfg = parse_config(run, num_clients=n)
+    key = view_key(cfg, {"partition-id": pid, "num-partitions": n}, pool_fingerprint(cfg))
+
+    def build() -> ClientData:
+        images = load_task_images(cfg["task"], cfg["data-dir"], cfg["download"])
+        return build_client_data(cfg, images, pid, n)
+
+    return cfg, cached_view(cache_folder(node), key, build)
 
 
 def client_view(context: Context) -> tuple[Config, ClientData, torch.device]:
     """(config, this client's data, compute device) for the current run."""
-    pid, n = _node_partition(context)
-    cfg, data = _view(tuple(sorted(context.run_config.items())), pid, n)
+    cfg, data = _view(tuple(sorted(context.run_config.items())), tuple(sorted(context.node_config.items())))
     return cfg, data, device_for()
 
 

@@ -18,6 +18,12 @@ log = logging.getLogger("fedunlearn")
 app = ServerApp()
 
 
+class RunFailed(RuntimeError):
+    """Raised out of the ServerApp when the run stops: Flower records a ServerApp that raises an
+    ``Exception`` as failed (``flwr ls``: ``finished:failed``), while ``SystemExit`` leaves the
+    thread it runs in quietly and the run is listed as ``finished:completed``."""
+
+
 def _setup_logging() -> None:
     if not log.handlers:
         handler = logging.StreamHandler(sys.stdout)
@@ -29,7 +35,8 @@ def _setup_logging() -> None:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Validate the whole run config before any work, then run the phases."""
+    """Validate the whole run config before any work, then run the phases; a run that stops logs
+    its one-line reason and fails (see :class:`RunFailed`)."""
     _setup_logging()
     torch.set_num_threads(1)
     try:
@@ -38,5 +45,5 @@ def main(grid: Grid, context: Context) -> None:
         folder = Experiment(fed, context.run_config).run()
     except (ConfigError, RunStopped) as err:
         log.error("run stopped: %s", err)
-        raise SystemExit(f"fedunlearn: {err}") from None
+        raise RunFailed(f"fedunlearn: {err}") from None
     log.info("fedunlearn results folder: %s", folder)

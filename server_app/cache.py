@@ -1,9 +1,18 @@
 """On-disk cache of the original and retrain-oracle models.
 
-The key is a hash of everything that determines the model (task, federation size, partition
-settings, request, training settings, rounds), so every method in a comparison starts from the
-very same original model, and RR always uses the same retrain reference. Entries are written
-atomically with a JSON sidecar naming what they were built from; a corrupt entry is ignored.
+The key is a hash of everything that determines the model: the data's identity (the fingerprint of
+the arrays or records actually read, so other files under the same ``data-dir`` never reuse a model),
+the federation (every client's id and data counts from the hello round), the partition settings,
+the request, every training setting and the rounds. So every method in a comparison starts from the
+very same original model, and RR always uses the same retrain reference. Only a model built while
+no client failed is stored (a degraded one is the caller's to report, never reused).
+
+Each entry is two files written atomically under a lock: ``<kind>-<digest>.pt`` (weights) and a
+JSON sidecar naming its kind, its full key, the sha256 of the ``.pt`` file and what building it
+cost. On load the sidecar must name the same kind and key and the file must match its hash, so a
+corrupt, truncated or swapped entry (``retrain-*.pt`` copied over ``original-*.pt``) is rejected
+with a one-line warning and rebuilt. Weights load with ``weights_only=True``: a planted entry
+cannot run code.
 """
 
 from __future__ import annotations
@@ -16,12 +25,12 @@ import os
 import torch
 from flwr.app import ArrayRecord
 
-from server_app.atomic import atomic_path, write_text
-from tasks.config import Config
+from server_app.atomic import atomic_path, locked, write_text
+from tasks.config import LLM_TASKS, Config
 
 log = logging.getLogger("fedunlearn")
 
-CACHE_VERSION = 1
+CACHE_VERSION = 3  # 2: data fingerprint and federation in the key; 3: the backdoor client's clean copies
 TRAINING_KEYS = ("task", "seed", "dirichlet-alpha", "test-fraction", "local-epochs", "batch-size", "lr",
                  "momentum", "fraction-train")
 REQUEST_KEYS = {
@@ -31,14 +40,31 @@ REQUEST_KEYS = {
 }
 
 
-def model_key(kind: str, cfg: Config, num_clients: int) -> dict:
-    """What determines the ``kind`` ('original' or 'retrain') model of this run."""
+def data_fingerprint(cfg: Config) -> str:
+    """sha256 identity of the training data this run reads (the same files the clients read).
+
+    Vision: the fingerprint ``tasks.vision.load_images`` computes of the arrays it loaded. LLM: a
+    sha256 of the loaded QA records. Raises the loaders' own one-line errors (missing or bad files).
+    """
+    if cfg["task"] in LLM_TASKS:
+        from tasks.llm.federation_data import load_author_records
+
+        text = json.dumps(load_author_records(cfg), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
+    from tasks.registry import load_task_images
+
+    return load_task_images(cfg["task"], cfg["data-dir"], cfg["download"]).fingerprint
+
+
+def model_key(kind: str, cfg: Config, federation: list[dict], data: str) -> dict:
+    """What determines the ``kind`` ('original' or 'retrain') model of this run; ``federation`` is
+    every client's ``{"client-id", counts...}`` (hello), ``data`` the data's fingerprint."""
     rounds = cfg["pretrain-rounds"] if kind == "original" else cfg.rounds_of_retrain
     keys = TRAINING_KEYS + REQUEST_KEYS[cfg["scenario"]]
     if cfg["scenario"] == "client" and cfg["poison"] == "label-flip":
         keys = tuple(k for k in keys if k not in ("backdoor-target", "trigger-size"))
-    return {"kind": kind, "version": CACHE_VERSION, "num-clients": num_clients, "rounds": rounds,
-            **{k: cfg[k] for k in keys}}
+    return {"kind": kind, "version": CACHE_VERSION, "num-clients": len(federation), "rounds": rounds,
+            "data": data, "federation": federation, **{k: cfg[k] for k in keys}}
 
 
 def cache_dir(cfg: Config) -> str:
@@ -50,26 +76,45 @@ def _path(cfg: Config, key: dict) -> str:
     return os.path.join(cache_dir(cfg), f"{key['kind']}-{digest}.pt")
 
 
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _same(a, b) -> bool:
+    """Keys compare through JSON (what the sidecar holds): lists for tuples, sorted dict keys."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def load(cfg: Config, key: dict) -> tuple[ArrayRecord, dict] | None:
-    """(model, cost of building it) for ``key``, or None when missing or unreadable."""
+    """(model, cost of building it) for ``key``, or None when missing or not the entry it claims."""
     path = _path(cfg, key)
     if not os.path.exists(path):
         return None
     try:
-        arrays = ArrayRecord(torch.load(path, map_location="cpu", weights_only=True))
-        with open(path[:-3] + ".json", encoding="utf-8") as handle:
-            cost = json.load(handle)["cost"]
-        return arrays, cost
-    except Exception as err:  # a corrupt entry must not stop the run: recompute it
-        log.warning("ignoring unreadable cache entry %s: %s", path, err)
+        with locked(path):
+            with open(path[:-3] + ".json", encoding="utf-8") as handle:
+                sidecar = json.load(handle)
+            if sidecar.get("kind") != key["kind"] or not _same(sidecar.get("key"), key):
+                raise ValueError(f"its sidecar describes another model (kind {sidecar.get('kind')!r})")
+            if _file_sha256(path) != sidecar.get("sha256"):
+                raise ValueError("its content does not match the sha256 its sidecar records")
+            arrays = ArrayRecord(torch.load(path, map_location="cpu", weights_only=True))
+        return arrays, sidecar["cost"]
+    except Exception as err:  # a corrupt or forged entry must not stop the run: rebuild it
+        log.warning("ignoring cache entry %s and rebuilding it: %s", path, " ".join(str(err).split()))
         return None
 
 
 def store(cfg: Config, key: dict, arrays: ArrayRecord, cost: dict) -> str:
-    """Write the model atomically; the sidecar JSON records its key and what building it cost,
-    so a run that finds it cached can still report the cost of the model it compares against."""
+    """Write the model and its sidecar (kind, key, content sha256, what building it cost, so a run
+    that finds it cached can still report the cost of the model it compares against)."""
     path = _path(cfg, key)
-    write_text(path[:-3] + ".json", json.dumps({"key": key, "cost": cost}, indent=1, sort_keys=True))
-    with atomic_path(path) as tmp:
+    with locked(path), atomic_path(path) as tmp:
         torch.save(arrays.to_torch_state_dict(), tmp)
+        sidecar = {"kind": key["kind"], "key": key, "sha256": _file_sha256(tmp), "cost": cost}
+        write_text(path[:-3] + ".json", json.dumps(sidecar, indent=1, sort_keys=True))
     return path

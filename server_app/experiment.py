@@ -15,17 +15,20 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
 from server_app import cache
+from server_app.atomic import folder_problem
 from server_app.evaluation import evaluate_model
 from server_app.report import append_csv, package_versions, plot_kr_curve, run_folder, write_results
 from strategies.base import ModelState, UnlearnContext
-from strategies.fedavg_rounds import RoleFedAvg, run_rounds
+from strategies.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds
 from strategies.federation import Federation
 from strategies.registry import method_for
-from tasks.config import Config, ConfigError, parse_config
+from tasks.config import LLM_TASKS, Config, ConfigError, inapplicable_settings, parse_config
 from tasks.diagnostics import forgetting_dispersion, pca_scatter_png, resurfacing_summary, rollback_tendency
 from tasks.llm.forget_quality import attach_forget_quality
 from tasks.plugins import specs_to_json
-from tasks.registry import build_task_model, check_task_setup, task_cache_key
+from tasks.partition import PartitionError, dirichlet_partitions
+from tasks.registry import build_task_model, check_task_setup, load_task_images, task_cache_key
+from tasks.validity import validity
 
 log = logging.getLogger("fedunlearn")
 
@@ -47,9 +50,21 @@ class Experiment:
 
     # --- phases -------------------------------------------------------------------------
     def setup(self) -> None:
-        """hello: learn node ids, client ids and counts; then the checks that need the federation."""
+        """Checks before any work — folders writable, settings that do not apply named, task files,
+        the data read, identified and partitioned as the clients will — then hello: node ids,
+        client ids and counts; then the checks that need the federation."""
         self.fed.start_phase("setup")
-        check_task_setup(self.cfg, len(list(self.fed.grid.get_node_ids())))
+        for key, folder in (("outputs-dir", self.cfg["outputs-dir"]), ("cache-dir", cache.cache_dir(self.cfg))):
+            problem = folder_problem(folder)
+            if problem:
+                raise ConfigError(f"run-config '{key}': {problem}; it must be a writable folder")
+        unused = inapplicable_settings(self.cfg)
+        if unused:
+            log.warning("run-config key(s) set but not used by task '%s' / method '%s', ignored: %s",
+                        self.cfg["task"], self.cfg["method"], ", ".join(unused))
+        num_nodes = len(list(self.fed.grid.get_node_ids()))
+        check_task_setup(self.cfg, num_nodes)
+        self.data_id = self.identify_data(num_nodes)
         self.fed.hello(ConfigRecord({}))
         self.cfg = parse_config(self.run_config, num_clients=self.fed.num_clients)
         if not self.fed.nodes_with("n-forget"):
@@ -59,6 +74,33 @@ class Experiment:
             raise ConfigError("no client keeps any retained data: nothing to train on after unlearning")
         forget = [self.fed.client_id(n) for n in self.fed.nodes_with("n-forget")]
         self.say(f"federation: {self.fed.num_clients} clients; forget data on clients {forget}")
+
+    def identify_data(self, num_nodes: int) -> str | None:
+        """The training data's fingerprint (part of the cache key), read on the server as every
+        client reads it; for a vision task the Dirichlet split over ``num_nodes`` clients is tried
+        too where every node partitions that same pool (one machine; a SuperNode elsewhere may read
+        its own files, and reports an impossible split itself, in one line, in hello). A bad file or
+        an impossible split is a one-line ``ConfigError`` before any node works.
+        Missing data stops the run too when every node runs on this machine (simulation); with
+        SuperNodes elsewhere the server may well lack it: then the identity is None and the models
+        are neither taken from nor written to the cache, since nothing identifies them."""
+        data_key = "llm-data-dir" if self.cfg["task"] in LLM_TASKS else "data-dir"
+        try:
+            fingerprint = cache.data_fingerprint(self.cfg)
+        except FileNotFoundError as err:
+            if self.fed.on_one_machine:
+                raise ConfigError(f"run-config '{data_key}': {err}") from None
+            log.warning("%s; the server cannot identify the data, so models are not cached", err)
+            return None
+        except ValueError as err:
+            raise ConfigError(f"run-config '{data_key}': {err}") from None
+        if self.cfg.num_classes and num_nodes >= 2 and self.fed.on_one_machine:
+            labels = load_task_images(self.cfg["task"], self.cfg["data-dir"], self.cfg["download"]).y.numpy()
+            try:
+                dirichlet_partitions(labels, num_nodes, self.cfg["dirichlet-alpha"], self.cfg["seed"])
+            except PartitionError as err:
+                raise ConfigError(f"run-config {err}") from None
+        return fingerprint
 
     def train_config(self, **extra) -> ConfigRecord:
         return ConfigRecord({"epochs": self.cfg["local-epochs"], "lr": self.cfg["lr"], **extra})
@@ -70,7 +112,7 @@ class Experiment:
                               seed=self.cfg["seed"] + seed_offset)
         return run_rounds(self.fed, strategy, arrays, rounds=rounds,
                           config=self.train_config(plugins=specs_to_json(list(plugins))),
-                          label=label, after_round=after_round)
+                          label=label, method=self.cfg["method"], after_round=after_round)
 
     def fresh_model(self) -> ArrayRecord:
         return ArrayRecord(build_task_model(self.cfg, []).state_dict())
@@ -80,21 +122,30 @@ class Experiment:
 
         The phase cost is what it took this run; ``built_cost[kind]`` is what building the model
         cost when it was trained (read back from the cache), which comparisons against it use.
+        A model trained while clients failed is ``degraded`` (its cost lists the failures) and is
+        not cached: a later run builds it again instead of reusing a model that missed clients.
         """
-        key = {**cache.model_key(kind, self.cfg, self.fed.num_clients), **task_cache_key(self.cfg)}
+        federation = [{"client-id": n.client_id, **n.counts, **({"data-id": n.data_id} if n.data_id else {})}
+                      for n in sorted(self.fed.nodes.values(), key=lambda n: n.client_id)]
+        key = {**cache.model_key(kind, self.cfg, federation, self.data_id), **task_cache_key(self.cfg)}
         cost = self.fed.start_phase("pretrain" if kind == "original" else "retrain")
         started = time.perf_counter()
-        cached = cache.load(self.cfg, key)
+        cached = cache.load(self.cfg, key) if self.data_id else None
         if cached is not None:
             arrays, self.built_cost[kind] = cached
             self.say(f"{kind} model found in the cache")
         else:
             self.say(f"{kind}: {rounds} FedAvg rounds on '{role}' data")
+            failed_before = len(cost.failures)
             arrays = self.fedavg(self.fresh_model(), role, rounds, kind)
             cost.seconds += time.perf_counter() - started
             self.built_cost[kind] = cost.as_dict()
-            path = cache.store(self.cfg, key, arrays, self.built_cost[kind])
-            self.say(f"{kind} model cached at {path}")
+            if len(cost.failures) > failed_before:
+                clients = sorted({f["client_id"] for f in cost.failures[failed_before:]})
+                log.warning("%s model is degraded (trained while client(s) %s failed): not cached", kind,
+                            ", ".join(map(str, clients)))
+            elif self.data_id:
+                self.say(f"{kind} model cached at {cache.store(self.cfg, key, arrays, self.built_cost[kind])}")
             return ModelState(arrays)
         cost.seconds += time.perf_counter() - started
         return ModelState(arrays)
@@ -106,10 +157,13 @@ class Experiment:
             self.fed.start_phase(previous)
         return self._retrain
 
-    def continue_training(self, start: ModelState) -> tuple[ModelState, list[float], list[dict]]:
+    def continue_training(self, start: ModelState) -> tuple[ModelState | None, list[float], list[dict], int | None]:
         """``continue-rounds`` of FedAvg on retained data, forget accuracy measured each round.
 
-        Returns the continued model, the KR curve and the state after every round (for RT).
+        Returns the continued model, the KR curve, the state after every round (for RT) and the
+        round at which training diverged (``None`` if it did not). A round that produces a
+        non-finite model ends the curve there: the model is ``None`` and the curve holds the
+        rounds before it, so no figure is ever computed from a dead model.
         """
         cost = self.fed.start_phase("continue")
         started, curve, states = time.perf_counter(), [], []
@@ -119,15 +173,23 @@ class Experiment:
             curve.append(evaluate_model(self.fed, self.cfg, ModelState(arrays, start.plugins))["forget_acc"])
             states.append(arrays.to_torch_state_dict())
 
-        arrays = self.fedavg(start.arrays, "retain", self.cfg["continue-rounds"], "continue",
-                             plugins=start.plugins, seed_offset=1, after_round=measure)
+        continued, diverged_at = None, None
+        try:
+            arrays = self.fedavg(start.arrays, "retain", self.cfg["continue-rounds"], "continue",
+                                 plugins=start.plugins, seed_offset=1, after_round=measure)
+            continued = ModelState(arrays, start.plugins)
+        except ModelDiverged as err:
+            diverged_at = err.round_no
+            log.warning("validity: %s; the KR curve ends with a diverged mark at round %d, CT-KR and RR are "
+                        "not computed", err, diverged_at)
         cost.seconds += time.perf_counter() - started - (self.fed.cost("evaluate").seconds - eval_before)
-        return ModelState(arrays, start.plugins), curve, states
+        return continued, curve, states, diverged_at
 
     # --- the whole run --------------------------------------------------------------------
     def run(self) -> str:
         self.setup()
         original = self.cached_fedavg("original", "all", self.cfg["pretrain-rounds"])
+        require_finite(original.arrays, phase="pretrain", round_no=self.cfg["pretrain-rounds"], method="original")
         ctx = UnlearnContext(self.fed, self.cfg, original,
                              model_factory=lambda plugins: build_task_model(self.cfg, plugins),
                              retrain=self.retrain)
@@ -136,6 +198,7 @@ class Experiment:
         cost = self.fed.start_phase("unlearn")
         started = time.perf_counter()
         result = self.method.unlearn(ctx)
+        require_finite(result.model.arrays, phase="unlearn", round_no=cost.rounds, method=self.method.name)
         cost.seconds += time.perf_counter() - started
         if self.method.name == "retrain":  # its unlearning cost is what building the oracle cost
             cost.seconds, cost.rounds, cost.bytes_up, cost.bytes_down = (
@@ -146,12 +209,15 @@ class Experiment:
         feats = {name: {} if self.cfg["diagnostic-samples"] else None for name in ("original", "retrain", "unlearned")}
         models = {"original": evaluate_model(self.fed, self.cfg, original, feats["original"]),
                   "unlearned": evaluate_model(self.fed, self.cfg, result.model, feats["unlearned"])}
-        retrain_entry = evaluate_model(self.fed, self.cfg, self.retrain(), feats["retrain"])
+        retrain = self.retrain()
+        require_finite(retrain.arrays, phase="retrain", round_no=self.cfg.rounds_of_retrain, method="retrain")
+        retrain_entry = evaluate_model(self.fed, self.cfg, retrain, feats["retrain"])
         kr_retrain = retrain_entry["forget_acc"]
 
         self.say(f"continue: {self.cfg['continue-rounds']} rounds on retained data")
-        continued, curve, states = self.continue_training(result.model)
-        models["continued"] = evaluate_model(self.fed, self.cfg, continued)
+        continued, curve, states, diverged_at = self.continue_training(result.model)
+        models["continued"] = (evaluate_model(self.fed, self.cfg, continued) if continued is not None
+                               else {"diverged_at_round": diverged_at})
         rollback = rollback_tendency(original.arrays.to_torch_state_dict(),
                                      result.model.arrays.to_torch_state_dict(), states) if states else []
 
@@ -165,11 +231,15 @@ class Experiment:
 
         resurfacing = resurfacing_summary(kr_original=models["original"]["forget_acc"],
                                           kr_unlearned=models["unlearned"]["forget_acc"],
-                                          kr_retrain=kr_retrain, kr_curve=curve)
-        return self.report(models, resurfacing, result.details, rollback, feats)
+                                          kr_retrain=kr_retrain, kr_curve=curve, diverged_at_round=diverged_at)
+        checks = validity(original=models["original"], unlearned=models["unlearned"], retrain=retrain_entry,
+                          num_classes=self.cfg.num_classes, diverged_at_round=diverged_at)
+        for reason in checks["reasons"]:
+            log.warning("validity: %s", reason)
+        return self.report(models, resurfacing, result.details, rollback, feats, checks)
 
     def report(self, models: dict, resurfacing: dict, details: dict, rollback: list[float],
-               feats: dict) -> str:
+               feats: dict, checks: dict) -> str:
         cfg = self.cfg.as_dict()
         folder = run_folder(cfg["outputs-dir"], cfg)
         os.makedirs(folder, exist_ok=True)
@@ -186,6 +256,8 @@ class Experiment:
                     "config": cfg, "versions": package_versions()},
             "models": models,
             "resurfacing": resurfacing,
+            "validity": checks,
+            "failures": [failure for cost in self.fed.costs.values() for failure in cost.failures],
             "cost": {**{name: self.fed.cost(name).as_dict()
                         for name in ("pretrain", "retrain", "unlearn", "continue", "evaluate")},
                      "built": self.built_cost},

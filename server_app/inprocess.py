@@ -26,6 +26,8 @@ NODE_OFFSET = 1000
 class InProcessGrid(Grid):
     """All clients in this process; see the module docstring."""
 
+    in_process = True  # server and clients read the same files (``Federation.on_one_machine``)
+
     def __init__(self, num_clients: int, run_config: dict, fail_nodes: Iterable[int] = (),
                  fail_types: Iterable[str] = ("train",)):
         TaskIdentity.run_id = 1

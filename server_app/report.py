@@ -1,8 +1,9 @@
-"""Results: ``results.json`` (the contract in DESIGN.md), one CSV row per run, and plots.
+"""Results: ``results.json`` (the run's contract, see the README), one CSV row per run, and plots.
 
 All files are written atomically. The run folder is ``<outputs-dir>/<utc-time>-<task>-<method>-
-<scenario>-s<seed>``; the CSV (``<outputs-dir>/results.csv``) gains one row per run, so a sweep of
-runs becomes one table.
+<scenario>-s<seed>``, created exclusively (``-2``, ``-3`` ... when that name is taken, e.g. by an
+identical run started in the same second); the CSV (``<outputs-dir>/results.csv``) gains one row per
+run under a file lock, so parallel runs of a sweep become one table without losing rows.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import os
 import time
 from importlib import metadata
 
-from server_app.atomic import atomic_path, write_text
+from server_app.atomic import atomic_path, locked, write_text
 
 CSV_FIELDS = ("time", "task", "method", "scenario", "seed", "num_clients",
               "original_test_acc", "original_forget_acc", "unlearned_retain_acc", "unlearned_forget_acc",
-              "unlearned_test_acc", "unlearned_mia", "unlearned_target_rate", "ct_kr", "rr",
-              "unlearn_seconds", "unlearn_bytes_up", "unlearn_bytes_down", "folder")
+              "unlearned_test_acc", "unlearned_mia", "unlearned_mia_efficacy", "unlearned_target_rate", "ct_kr", "rr",
+              "unlearn_seconds", "unlearn_bytes_up", "unlearn_bytes_down", "validity_failed", "folder")
 VERSIONED = ("flwr", "torch", "torchvision", "scikit-learn", "flwr-datasets", "transformers", "peft")
 
 
@@ -35,9 +36,19 @@ def package_versions() -> dict[str, str]:
 
 
 def run_folder(outputs_dir: str, cfg: dict) -> str:
+    """Create this run's new, empty results folder and return its path (never one another run holds)."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    name = f"{stamp}-{cfg['task']}-{cfg['method']}-{cfg['scenario']}-s{cfg['seed']}"
-    return os.path.join(os.path.abspath(os.path.expanduser(outputs_dir)), name)
+    base = os.path.join(os.path.abspath(os.path.expanduser(outputs_dir)),
+                        f"{stamp}-{cfg['task']}-{cfg['method']}-{cfg['scenario']}-s{cfg['seed']}")
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    attempt = 1
+    while True:
+        folder = base if attempt == 1 else f"{base}-{attempt}"
+        try:
+            os.mkdir(folder)  # atomic and exclusive: exactly one process creates each name
+            return folder
+        except FileExistsError:
+            attempt += 1
 
 
 def _clean(value):
@@ -58,7 +69,8 @@ def write_results(folder: str, results: dict) -> str:
 
 
 def append_csv(outputs_dir: str, results: dict, folder: str) -> str:
-    """Append one row (header first when the file is new); rewrites the file atomically."""
+    """Append one row (header first when the file is new): under the CSV's lock, the file is read
+    and rewritten atomically, so a crash never truncates it and parallel runs never drop a row."""
     path = os.path.join(os.path.abspath(os.path.expanduser(outputs_dir)), "results.csv")
     models, res, cost = results["models"], results["resurfacing"], results["cost"]["unlearn"]
     unlearned = models.get("unlearned", {})
@@ -69,18 +81,36 @@ def append_csv(outputs_dir: str, results: dict, folder: str) -> str:
         "original_test_acc": models["original"]["test_acc"], "original_forget_acc": models["original"]["forget_acc"],
         "unlearned_retain_acc": unlearned.get("retain_acc"), "unlearned_forget_acc": unlearned.get("forget_acc"),
         "unlearned_test_acc": unlearned.get("test_acc"), "unlearned_mia": unlearned.get("mia"),
+        "unlearned_mia_efficacy": unlearned.get("mia_efficacy"),
         "unlearned_target_rate": unlearned.get("target_rate", ""), "ct_kr": res.get("ct_kr"), "rr": res.get("rr"),
         "unlearn_seconds": cost["seconds"], "unlearn_bytes_up": cost["bytes_up"],
-        "unlearn_bytes_down": cost["bytes_down"], "folder": folder,
+        "unlearn_bytes_down": cost["bytes_down"],
+        "validity_failed": ";".join(results.get("validity", {}).get("failed", [])), "folder": folder,
     }
-    previous = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS)
-    if not previous:
-        writer.writeheader()
-    writer.writerow(row)
-    write_text(path, previous + buffer.getvalue())
+    with locked(path):
+        previous = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS)
+        if previous and previous.splitlines()[0].split(",")[:len(CSV_FIELDS)] != list(CSV_FIELDS):
+            previous = _under_current_header(previous)
+        if not previous:
+            writer.writeheader()
+        writer.writerow(row)
+        write_text(path, previous + buffer.getvalue())
     return path
+
+
+def _under_current_header(text: str) -> str:
+    """The rows of a CSV written under an older header, rewritten under ``CSV_FIELDS`` (a column the
+    old file lacks is empty; a column it has that ``CSV_FIELDS`` lacks is kept at the end), so a new
+    row never lands under the wrong column names and no old value is lost."""
+    rows = list(csv.DictReader(io.StringIO(text)))
+    extra = [name for name in (rows[0].keys() if rows else ()) if name not in CSV_FIELDS]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=(*CSV_FIELDS, *extra), restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
 
 
 def plot_kr_curve(folder: str, resurfacing: dict, title: str) -> str:

@@ -4,6 +4,10 @@ Pretraining (role ``all``), the retrain oracle, continued training and Lethe's r
 (role ``retain``) are all this strategy: Flower's ``FedAvg`` aggregation, with node sampling
 restricted to the nodes whose hello counts show data of the role, sampled with the run's seed.
 ``mean_update`` is the same weighting applied to a list of replies (one-round methods, Lethe's streams).
+
+Every aggregated model is checked before it is used: a non-finite one ends the phase with
+:class:`ModelDiverged` naming the phase, the round and the method, so a NaN model is never scored,
+cached or trained on silently (continued training catches it and marks the curve instead).
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from strategies.federation import Federation
+from strategies.federation import Federation, RunStopped
 from strategies.lethe_math import weighted_average
+from tasks.validity import nonfinite_tensors
 
 log = logging.getLogger("fedunlearn")
 
@@ -33,6 +38,27 @@ def mean_update(contents: Iterable[RecordDict], start: dict, keys: Iterable[str]
         updates.append({k: state[k] - start[k] for k in keys})
         weights.append(int(content["metrics"]["num-examples"]))
     return weighted_average(updates, weights)
+
+
+class ModelDiverged(RunStopped):
+    """A phase produced a model with non-finite weights. ``round_no`` is the round that produced it
+    and ``last_finite`` the model before that round (what a caller may still report on)."""
+
+    def __init__(self, message: str, *, round_no: int, last_finite: ArrayRecord | None = None):
+        super().__init__(message)
+        self.round_no, self.last_finite = round_no, last_finite
+
+
+def require_finite(arrays: ArrayRecord, *, phase: str, round_no: int, method: str,
+                   last_finite: ArrayRecord | None = None) -> None:
+    """Raise :class:`ModelDiverged` (one line: phase, round, method, first bad tensor) unless every
+    floating-point tensor of ``arrays`` is finite."""
+    bad = nonfinite_tensors(arrays.to_torch_state_dict())
+    if bad:
+        raise ModelDiverged(f"phase '{phase}' round {round_no} (method '{method}'): the model has non-finite "
+                            f"weights in {len(bad)} tensor(s), first '{bad[0]}'",
+                            round_no=round_no, last_finite=last_finite)
+
 
 ROLE_COUNT_KEY = {"all": "n-all", "retain": "n-retain", "forget": "n-forget"}
 
@@ -63,11 +89,13 @@ class RoleFedAvg(FedAvg):
 
 
 def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, rounds: int,
-               config: ConfigRecord, label: str,
+               config: ConfigRecord, label: str, method: str,
                after_round: Callable[[int, ArrayRecord], None] | None = None) -> ArrayRecord:
     """``rounds`` rounds of configure -> exchange -> aggregate; logs progress with an ETA.
 
-    ``after_round(r, arrays)`` runs after each round (used to measure forgetting per round).
+    Each aggregated model must be finite (:func:`require_finite`, ``method`` names the run's
+    method in the error). ``after_round(r, arrays)`` runs after each round (used to measure
+    forgetting per round).
     """
     started = time.perf_counter()
     cost = fed.cost(fed.phase)
@@ -77,6 +105,7 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
         new_arrays, metrics = strategy.aggregate_train(server_round, replies)
         if new_arrays is None:
             raise RuntimeError(f"phase '{fed.phase}' round {server_round}: aggregation produced no model")
+        require_finite(new_arrays, phase=fed.phase, round_no=server_round, method=method, last_finite=arrays)
         arrays = new_arrays
         cost.rounds += 1
         if after_round is not None:

@@ -4,18 +4,29 @@
 ``query.hello`` round, sends messages and collects replies with a timeout, tolerates failing
 clients (a round goes on when enough replied, otherwise :class:`RoundFailed` names the phase and
 round), and counts every byte that crosses the grid, down and up, per phase.
+
+Every loss is named and recorded: a node whose reply did not arrive within ``round-timeout`` (Flower
+drops late replies) or that answered with an error is logged once per round with its client id and
+why, and listed in its phase's ``failures`` (results.json ``cost.<phase>.failures``); nodes failing
+for the same reason share one line. A node that sent no reply in ``LOST_AFTER`` exchanges running is
+dropped from later rounds, as long as the nodes left are enough for the round to go on.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 log = logging.getLogger("fedunlearn")
+
+LOST_AFTER = 2
+POLL_SECONDS = 0.2
 
 
 class RunStopped(RuntimeError):
@@ -28,26 +39,31 @@ class RoundFailed(RunStopped):
 
 @dataclass
 class PhaseCost:
-    """What one phase spent: wall seconds and rounds (set by whoever runs the phase) and the bytes
-    sent to clients (down) and received from them (up), counted here."""
+    """What one phase spent: wall seconds and rounds (set by whoever runs the phase), the bytes
+    sent to clients (down) and received from them (up), and the replies it lost, counted here.
+    ``degraded``: some node's work is missing from the phase's result."""
 
     seconds: float = 0.0
     rounds: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
+    failures: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"seconds": round(self.seconds, 3), "rounds": self.rounds,
-                "bytes_up": self.bytes_up, "bytes_down": self.bytes_down}
+                "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
+                "failures": [dict(f) for f in self.failures], "degraded": bool(self.failures)}
 
 
 @dataclass
 class NodeInfo:
-    """A node's client id (partition id) and its data counts (``n-retain``, ``n-forget`` ...)."""
+    """A node's client id (partition id), its data counts (``n-retain``, ``n-forget`` ...) and, for a
+    node that reads its own files, the content id of its data (0 for a partition of the shared pool)."""
 
     node_id: int
     client_id: int
     counts: dict[str, int] = field(default_factory=dict)
+    data_id: int = 0
 
 
 def message_bytes(message: Message) -> int:
@@ -67,6 +83,8 @@ class Federation:
         self.nodes: dict[int, NodeInfo] = {}
         self.costs: dict[str, PhaseCost] = {}
         self.phase = "setup"
+        self.silent_rounds: dict[int, int] = {}  # node id -> exchanges in a row without a reply
+        self.dropped: set[int] = set()
 
     # --- phases and costs -------------------------------------------------------------------
     def start_phase(self, name: str) -> PhaseCost:
@@ -88,8 +106,17 @@ class Federation:
         for reply in replies:
             metrics = reply.content["hello"]
             info = NodeInfo(reply.metadata.src_node_id, int(metrics["client-id"]),
-                            {k: int(v) for k, v in metrics.items() if k.startswith("n-")})
+                            {k: int(v) for k, v in metrics.items() if k.startswith("n-")},
+                            int(metrics.get("data-id", 0)))
             self.nodes[info.node_id] = info
+
+    @property
+    def on_one_machine(self) -> bool:
+        """Whether every node runs on this machine — Flower's simulation grid, or a grid that says
+        ``in_process`` — so the server reads the very files the clients read."""
+        from flwr.superlink.grid import InMemoryGrid
+
+        return isinstance(self.grid, InMemoryGrid) or bool(getattr(self.grid, "in_process", False))
 
     @property
     def num_clients(self) -> int:
@@ -114,22 +141,85 @@ class Federation:
         them with ``require_all``) sent a valid reply.
         """
         cost = self.cost(self.phase)
+        asked = len(messages)
+        needed = asked if require_all else math.ceil(self.min_reply_fraction * asked)
+        live = [m for m in messages if m.metadata.dst_node_id not in self.dropped]
+        if len(live) >= needed:  # a dropped node is asked again only when the round needs it
+            cost.failures += [{"phase": self.phase, "round": round_no, "client_id": self._client_or_none(n),
+                               "node_id": n, "reason": f"not asked: no reply in {LOST_AFTER} exchanges running"}
+                              for n in sorted({m.metadata.dst_node_id for m in messages} & self.dropped)]
+            messages = live
         cost.bytes_down += sum(message_bytes(m) for m in messages)
-        replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout)) if messages else []
-        valid = []
+        replies = self._send_and_receive(messages) if messages else []
+        valid, errors = [], defaultdict(list)
         for reply in replies:
             if reply.has_error():
-                log.warning("phase %s round %d: node %d failed: %s", self.phase, round_no,
-                            reply.metadata.src_node_id, reply.error.reason)
+                errors[" ".join(str(reply.error.reason).split())].append(reply.metadata.src_node_id)
             else:
                 cost.bytes_up += message_bytes(reply)
                 valid.append(reply)
+        answered = {r.metadata.src_node_id for r in replies}
+        silent = [m.metadata.dst_node_id for m in messages if m.metadata.dst_node_id not in answered]
+        if silent:
+            errors[f"no reply within round-timeout={self.round_timeout:g}s (a late reply is dropped)"] = silent
+        for reason, nodes in errors.items():
+            log.warning("phase %s round %d: %s: %s", self.phase, round_no, self._name(nodes, "failed"), reason)
+            cost.failures += [{"phase": self.phase, "round": round_no, "client_id": self._client_or_none(n),
+                               "node_id": n, "reason": reason} for n in nodes]
+        self._track_silence(answered, silent)
         valid.sort(key=self._reply_order)
-        needed = len(messages) if require_all else math.ceil(self.min_reply_fraction * len(messages))
         if len(valid) < needed:
+            lost = "; ".join(f"{self._name(nodes, 'failed')}: {reason}" for reason, nodes in errors.items())
             raise RoundFailed(f"phase '{self.phase}' round {round_no}: only {len(valid)} of "
-                              f"{len(messages)} nodes replied, {needed} needed")
+                              f"{asked} nodes replied, {needed} needed ({lost})")
         return valid
+
+    def _track_silence(self, answered: set[int], silent: list[int]) -> None:
+        """Count exchanges in a row without a reply; a node reaching ``LOST_AFTER`` is dropped (not
+        asked while the round can do without it), a dropped node that answers again is back."""
+        for node in answered:
+            self.silent_rounds.pop(node, None)
+            self.dropped.discard(node)
+        for node in silent:
+            self.silent_rounds[node] = self.silent_rounds.get(node, 0) + 1
+            if self.silent_rounds[node] == LOST_AFTER:
+                self.dropped.add(node)
+                log.warning("phase %s: %s in %d exchanges running: dropped from later rounds while enough "
+                            "nodes remain", self.phase, self._name([node], "sent no reply"), LOST_AFTER)
+
+    def _client_or_none(self, node: int) -> int | None:
+        return self.nodes[node].client_id if node in self.nodes else None
+
+    def _name(self, nodes: list[int], verb: str) -> str:
+        """``node 1002 failed (client 2)`` / ``nodes 1000, 1001 failed (clients 0, 1)``: client ids
+        once the hello round has told them."""
+        nodes = sorted(nodes, key=lambda n: (self._client_or_none(n) is None, self._client_or_none(n) or 0, n))
+        clients = [self._client_or_none(n) for n in nodes]
+        plural = "s" if len(nodes) > 1 else ""
+        text = f"node{plural} {', '.join(str(n) for n in nodes)} {verb}"
+        if all(c is not None for c in clients):
+            text += f" (client{plural} {', '.join(str(c) for c in clients)})"
+        return text
+
+    def _send_and_receive(self, messages: list[Message]) -> list[Message]:
+        """Push, then pull the replies every ``POLL_SECONDS`` until all are in or ``round-timeout`` ends.
+
+        Flower's ``Grid.send_and_receive`` sleeps 3 s between pulls, which on real SuperNodes adds up
+        to 3 s to every round (and to a one-shot method's only round); a grid without push/pull (the
+        in-process one) keeps its own ``send_and_receive``."""
+        if getattr(self.grid, "in_process", False):
+            return list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
+        pending = set(self.grid.push_messages(messages))
+        deadline = time.monotonic() + self.round_timeout
+        replies: list[Message] = []
+        while pending:
+            arrived = list(self.grid.pull_messages(pending))
+            replies += arrived
+            pending -= {m.metadata.reply_to_message_id for m in arrived}
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_SECONDS)
+        return replies
 
     def _reply_order(self, reply: Message) -> tuple[int, int]:
         """Replies arrive in any order under Ray; sorting by client id makes every aggregation

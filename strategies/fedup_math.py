@@ -36,7 +36,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from dp_accounting import get_epsilon_gaussian, get_sigma_gaussian
 
 SENSITIVITY_BOUNDS = ("fixed-clusters", "any-clustering")
 
@@ -66,6 +65,8 @@ def calibrate_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
     _check_privacy_target(epsilon, delta, sensitivity)
     if math.isinf(epsilon):
         return 0.0
+    from dp_accounting import get_sigma_gaussian  # 1.8 s to import: only when noise is calibrated
+
     return sensitivity * float(get_sigma_gaussian(epsilon, delta))
 
 
@@ -79,6 +80,8 @@ def epsilon_spent(sigma: float, delta: float, sensitivity: float) -> float:
     _check_privacy_target(1.0, delta, sensitivity)
     if sigma == 0:
         return math.inf
+    from dp_accounting import get_epsilon_gaussian  # as in calibrate_sigma: only with noise
+
     return float(get_epsilon_gaussian(sigma / sensitivity, delta))
 
 

@@ -1,4 +1,4 @@
-"""Lethe (paper 001, algorithm 1): amplify -> rectify -> restore, as a Flower strategy.
+"""Lethe (amplify -> rectify -> restore, its Algorithm 1) as a Flower strategy.
 
 1. **Amplify** (``lethe-adapter-steps`` > 0): a temporary adapter (``tasks.lethe_adapter``) is
    attached between extractor and head; the client(s) holding forget data train only the adapter by
@@ -16,7 +16,12 @@
    Proposition IV.1 bounds of gamma and whether the chosen gamma is inside them. Our stopping rule
    (the paper runs a fixed T): the forget clients report their forget loss of the received
    backbone with the adapter bypassed; once its forget-count-weighted mean reaches
-   ``lethe-stop-loss`` the phase ends before the retained clients are asked for that round.
+   ``lethe-stop-loss`` the phase ends (that round's streams are not applied).
+   Our guard (``rectify_rounds``): each round's reports also judge the step before it — a forget
+   loss past 3x the stop or a non-finite report has that step halved (each half checked again) or
+   rolled back, a retained loss more than ``lethe-max-retain-rise`` above the retained clients'
+   loss on the starting model rolls it back, and a step that would make the model non-finite is
+   never applied; what the guard did is recorded under ``method.rectify_guard``.
 3. **Restore** (``lethe-restore-rounds``): the adapter is dropped. ``lethe-restore-mode=fedavg`` is the
    paper's FedAvg on retained clients. ``rectified`` (default, ours) keeps the forget clients in:
    each round both groups train the adapter-free model with the run's ``lr`` / ``local-epochs`` and
@@ -42,24 +47,26 @@ from strategies.base import ModelState, UnlearnContext, UnlearnResult, Unlearnin
 from strategies.fedavg_rounds import RoleFedAvg, mean_update, run_rounds
 from strategies.federation import RoundFailed, RunStopped
 from strategies.lethe_math import (apply_update, check_gamma, clip_to_reference, feasible_gamma_range, gamma_bounds,
-                                    layer_alignment, layer_gammas, rectify, remove_forget_component)
+                                    layer_alignment, layer_gammas, rectify, rectify_verdict, remove_forget_component,
+                                    scale_update)
 from tasks.model import PLUGIN_PREFIX
 from tasks.plugins import specs_to_json
+from tasks.validity import nonfinite_tensors
 
 log = logging.getLogger("fedunlearn")
+
+SHRINK_TRIES = 3  # halvings of an overshooting rectification step before it is rolled back
 
 State = dict[str, torch.Tensor]
 
 
-def _apply(state: State, update: State, retain_views, buffer_names: list[str], where: str) -> State:
+def _step(state: State, update: State, retain_views, buffer_names: list[str]) -> State:
     """Eq. 11 on the parameters; buffers (BatchNorm statistics) take the retain stream's average."""
-    state = {**state, **apply_update({k: state[k] for k in update}, update)}
+    new = {**state, **apply_update({k: state[k] for k in update}, update)}
     if buffer_names:
         buffers = mean_update(retain_views, state, buffer_names)
-        state.update({k: (state[k] + buffers[k]).to(state[k].dtype) for k in buffer_names})
-    if not all(bool(torch.isfinite(v).all()) for v in state.values()):
-        raise RunStopped(f"phase 'unlearn' {where}: Lethe's model has non-finite weights; lower lethe-lr or lr")
-    return state
+        new.update({k: (state[k] + buffers[k]).to(state[k].dtype) for k in buffer_names})
+    return new
 
 
 def _forget_loss(views) -> float:
@@ -77,11 +84,22 @@ def _train_content(arrays: ArrayRecord, plugins: list[dict], *, role: str, round
 
 
 def _role_view(reply: Message, role: str) -> dict:
-    """``{"arrays", "metrics"}`` of one role in a reply (a ``forget+retain`` reply holds both)."""
-    content = reply.content
+    """``{"arrays", "metrics", "node"}`` of one role in a reply (a ``forget+retain`` reply holds both)."""
+    content, node = reply.content, reply.metadata.src_node_id
     if "arrays" in content:
-        return {"arrays": content["arrays"], "metrics": content["metrics"]}
-    return {"arrays": content[f"arrays.{role}"], "metrics": content[f"metrics.{role}"]}
+        return {"arrays": content["arrays"], "metrics": content["metrics"], "node": node}
+    return {"arrays": content[f"arrays.{role}"], "metrics": content[f"metrics.{role}"], "node": node}
+
+
+def _retain_losses(views, baseline: dict[int, float]) -> tuple[float | None, float | None]:
+    """Count-weighted mean reported retained loss of ``views`` and of the same nodes in ``baseline``
+    (their loss on the model rectification started from); ``(None, None)`` if no node is in both."""
+    pairs = [(int(v["metrics"]["num-examples"]), float(v["metrics"]["loss"]), baseline[v["node"]])
+             for v in views if v["node"] in baseline]
+    total = sum(n for n, _, _ in pairs)
+    if not total:
+        return None, None
+    return sum(n * now for n, now, _ in pairs) / total, sum(n * then for n, _, then in pairs) / total
 
 
 class Lethe(FedAvg, UnlearningMethod):
@@ -94,13 +112,15 @@ class Lethe(FedAvg, UnlearningMethod):
                          arrayrecord_key="arrays", configrecord_key="config")
 
     def _streams(self, ctx: UnlearnContext, state: State, plugins: list[dict], *, round_no: int,
-                 stop_loss: float | None = None, **config) -> tuple[list, list | None, float]:
+                 stop_loss: float | None = None, **config) -> tuple[list, list, float]:
         """One round of both streams: ``(forget views, retain views, forget loss)``.
 
         The forget clients go first (every one must answer); a client that also holds retained
         data gets one message with role ``forget+retain`` and returns both updates, so it downloads
-        the model once. If ``stop_loss`` is reached by the forget clients' reported loss, the
-        retained-only clients are not asked and the retain views are ``None``."""
+        the model once. With ``stop_loss`` set, the forget clients also report their forget loss of
+        the received backbone (else the loss is ``nan``). The retained clients are asked in every
+        round, the one where the stopping rule fires included: their reported loss is what the
+        utility guard of :meth:`rectify_rounds` checks the last step against."""
         fed = ctx.fed
         forget_nodes, retain_nodes = fed.nodes_with("n-forget"), fed.nodes_with("n-retain")
         both = set(forget_nodes) & set(retain_nodes)
@@ -113,8 +133,6 @@ class Lethe(FedAvg, UnlearningMethod):
         replies = fed.exchange(messages, round_no=round_no, require_all=True)
         forget_views = [_role_view(r, "forget") for r in replies]
         forget_loss = _forget_loss(forget_views) if stop_loss is not None else math.nan
-        if stop_loss is not None and forget_loss >= stop_loss:
-            return forget_views, None, forget_loss
         retain_views = [_role_view(r, "retain") for r in replies if r.metadata.src_node_id in both]
         others = [n for n in retain_nodes if n not in both]
         if others:
@@ -142,8 +160,17 @@ class Lethe(FedAvg, UnlearningMethod):
         losses = [float(r.content["metrics"]["loss"]) for r in replies]
         return {**model.state_dict(), **adapter.to_torch_state_dict()}, plugins, {"adapter_final_loss": losses}
 
-    def rectify_rounds(self, ctx: UnlearnContext, state: State, plugins: list[dict]) -> tuple[State, list]:
-        """Phase 2: ``lethe-rectify-rounds`` rounds of dual-stream rectification of the backbone."""
+    def rectify_rounds(self, ctx: UnlearnContext, state: State, plugins: list[dict]) -> tuple[State, list, dict]:
+        """Phase 2: at most ``lethe-rectify-rounds`` rounds of dual-stream rectification of the backbone.
+
+        Returns the rectified state, the per-round history and the guard's record. The guard (ours):
+        every round's reports judge the model the previous step produced (``rectify_verdict``): a
+        non-finite report or a forget loss past 3x ``lethe-stop-loss`` has that step halved (at most
+        ``SHRINK_TRIES`` times, each half checked by one more round of reports) or else rolled
+        back; a retained loss more than ``lethe-max-retain-rise`` nats above the retained clients'
+        loss on the starting model rolls the step back. Either ends rectification. A step whose
+        result would be non-finite is never applied. ``guard["unchecked"]`` holds the last step
+        when the round cap ended the phase before any report judged it (restore checks it)."""
         cfg, fed = ctx.cfg, ctx.fed
         param_names = [n for n, _ in ctx.model_factory(plugins).named_parameters()
                        if not n.startswith(PLUGIN_PREFIX)]
@@ -151,59 +178,154 @@ class Lethe(FedAvg, UnlearningMethod):
         gamma, history = cfg["lethe-gamma"], []
         suffix = "-class" if cfg["scenario"] == "class" else ""  # a class needs larger steps (docs/lethe.md)
         lr, step_clip = cfg[f"lethe-lr{suffix}"], cfg[f"lethe-step-clip{suffix}"]
+        local = {"scope": "base", "lr": lr, "epochs": cfg["lethe-epochs"]}
+        judge = _Judge(cfg["lethe-stop-loss"], cfg["lethe-max-retain-rise"])
+        guard: dict = {"action": "none"}
+        previous = None  # (state before the last applied step, the step, its retain views, its round)
         for t in range(1, cfg["lethe-rectify-rounds"] + 1):
-            local = {"scope": "base", "lr": lr, "epochs": cfg["lethe-epochs"]}
             forget_views, retain_views, forget_loss = self._streams(ctx, state, plugins, round_no=t,
                                                                     stop_loss=cfg["lethe-stop-loss"], **local)
             fed.cost(fed.phase).rounds += 1
-            if retain_views is None:
-                log.info("[lethe] rectify round %d: the backbone's forget loss %.3g >= lethe-stop-loss %g: "
-                         "rectification stops", t, forget_loss, cfg["lethe-stop-loss"])
-                history.append({"forget_loss": forget_loss, "stopped": True})
-                break
+            verdict, retain_loss = judge(forget_loss, retain_views, first=t == 1)
+            entry = {"forget_loss": forget_loss, "retain_loss": retain_loss}
             forget = mean_update(forget_views, state, param_names)
             retain = mean_update(retain_views, state, param_names)
             norms = {name: float(torch.sqrt(sum((v.double() ** 2).sum() for v in stream.values())))
                      for name, stream in (("retain", retain), ("forget", forget))}
-            if not all(math.isfinite(v) for v in norms.values()):
-                raise RunStopped(f"phase 'unlearn' round {t}: a Lethe update stream is non-finite "
-                                 f"(norms {norms}); lower lethe-lr")
+            if verdict == "go" and not all(math.isfinite(v) for v in norms.values()):
+                verdict = "explode"
+            if verdict in ("explode", "overshoot", "utility") and previous is not None:
+                history.append({**entry, "verdict": verdict})
+                state, guard = self._repair(ctx, plugins, previous, verdict, judge, t, buffer_names, local)
+                break
+            if verdict == "explode":
+                raise RunStopped(f"phase 'unlearn' round {t} (method 'lethe'): a Lethe update stream or loss is "
+                                 f"non-finite on the starting model (norms {norms}); lower lethe-lr")
+            if verdict != "go":
+                log.info("[lethe] rectify round %d: the backbone's forget loss %.3g >= lethe-stop-loss %g: "
+                         "rectification stops", t, forget_loss, cfg["lethe-stop-loss"])
+                history.append({**entry, "stopped": True})
+                break
             bounds = gamma_bounds(retain, forget)
             gammas = layer_gammas(bounds, gamma, cfg["lethe-gamma-mode"])
             inside = check_gamma(bounds, gammas)
             rectified = rectify(retain, forget, gammas)
             update = clip_to_reference(rectified, retain, step_clip)
-            state = _apply(state, update, retain_views, buffer_names, f"rectify round {t}")
+            candidate = _step(state, update, retain_views, buffer_names)
+            if nonfinite_tensors(candidate):
+                log.warning("[lethe] rectify round %d: the step would make the model non-finite: not applied, "
+                            "rectification stops", t)
+                history.append({**entry, "verdict": "explode"})
+                guard = {"action": "refused", "round": t, "reason": "the step would make the model non-finite"}
+                break
+            previous, state = (state, update, retain_views, t), candidate
             aligned = [k for k, b in bounds.items() if b is not None]
-            log.info("[lethe] rectify round %d/%d: |retain| %.3g |forget| %.3g; %d/%d layers aligned (s>0), "
-                     "gamma (%s) inside the Prop. IV.1 bounds on %d of them", t, cfg["lethe-rectify-rounds"],
-                     norms["retain"], norms["forget"], len(aligned), len(bounds), cfg["lethe-gamma-mode"],
-                     sum(inside[k] for k in aligned))
+            log.info("[lethe] rectify round %d/%d: |retain| %.3g |forget| %.3g; forget loss %.3g, retained loss %s; "
+                     "%d/%d layers aligned (s>0), gamma (%s) inside the Prop. IV.1 bounds on %d of them",
+                     t, cfg["lethe-rectify-rounds"], norms["retain"], norms["forget"], forget_loss,
+                     "n/a" if retain_loss is None else f"{retain_loss:.3g}", len(aligned), len(bounds),
+                     cfg["lethe-gamma-mode"], sum(inside[k] for k in aligned))
             feasible = feasible_gamma_range(bounds)
-            history.append({"forget_loss": forget_loss, "feasible_gamma": list(feasible) if feasible else None,
+            history.append({**entry, "feasible_gamma": list(feasible) if feasible else None,
                             "layers": {k: {"lower": b[0], "upper": b[1], "gamma": gammas[k],
                                            "gamma_inside": inside[k]}
                                        for k, b in bounds.items() if b is not None}})
-        return state, history
+        else:
+            if previous is not None:  # the round cap ended the phase: no report has judged the last step
+                guard["unchecked"] = previous
+        guard["baseline_retain_loss"] = judge.reference_loss
+        return state, history, guard
 
-    def restore_rounds(self, ctx: UnlearnContext, state: State) -> State:
+    def _repair(self, ctx: UnlearnContext, plugins: list[dict], previous, verdict: str, judge: "_Judge",
+                round_no: int, buffer_names: list[str], local: dict) -> tuple[State, dict]:
+        """The step of ``previous`` broke something (``verdict``): shorten it (overshoot, explode) or
+        roll it back (utility, or when no shortened step passes). Returns the state and the record."""
+        fed, cfg = ctx.fed, ctx.cfg
+        start, step, retain_views, step_round = previous
+        record = {"round": step_round, "verdict": verdict}
+        if verdict != "utility":
+            for k in range(1, SHRINK_TRIES + 1):
+                factor = 0.5 ** k
+                candidate = _step(start, scale_update(step, factor), retain_views, buffer_names)
+                if nonfinite_tensors(candidate):
+                    continue
+                _, views, forget_loss = self._streams(ctx, candidate, plugins, round_no=round_no,
+                                                      stop_loss=cfg["lethe-stop-loss"], **local)
+                fed.cost(fed.phase).rounds += 1
+                again, retain_loss = judge(forget_loss, views)
+                log.info("[lethe] guard: round %d's step x %g gives forget loss %.3g, retained loss %s: %s",
+                         step_round, factor, forget_loss, "n/a" if retain_loss is None else f"{retain_loss:.3g}",
+                         again)
+                if again in ("go", "stop"):
+                    log.warning("[lethe] guard: round %d's step (%s) shortened to x %g; rectification stops",
+                                step_round, verdict, factor)
+                    return candidate, {**record, "action": "shrunk", "factor": factor,
+                                       "forget_loss": forget_loss, "retain_loss": retain_loss}
+        log.warning("[lethe] guard: round %d's step (%s) rolled back; rectification stops", step_round, verdict)
+        return start, {**record, "action": "rolled-back"}
+
+    def restore_rounds(self, ctx: UnlearnContext, state: State, *, fallback: State | None = None,
+                       guard: dict | None = None) -> State:
         """Phase 3, ``lethe-restore-mode=rectified`` (our rule): ``lethe-restore-rounds`` rounds in which
         the retained clients train the adapter-free model as in FedAvg (the run's ``lr``,
         ``local-epochs``) and the forget clients do the same on their forget data; the server applies
         the retain stream with its component along the forget stream removed wherever they align
-        (``remove_forget_component``), so utility comes back without re-learning the forget data."""
+        (``remove_forget_component``), so utility comes back without re-learning the forget data.
+
+        ``fallback``: the model before rectification's last step when no report judged that step
+        (the round cap ended rectification). The first restore round's forget clients then also
+        report their forget loss of the received model; if it is non-finite or past 3x
+        ``lethe-stop-loss`` the step is rolled back (recorded in ``guard``) and the round is run again
+        from ``fallback``. A restore round whose result would be non-finite is not applied and ends
+        restore (``guard["restore_refused_round"]``): the model stays the last finite one, which the
+        run then evaluates (and its validity check judges) like any other. A round whose retained
+        clients report a loss more than ``lethe-max-retain-rise`` above their report of the first
+        restore round (or a non-finite one) shows that the previous restore step broke utility: that
+        step is rolled back and restore stops (``guard["restore_rolled_back_round"]``; measured: seed
+        12, 10 clients alpha 0.5, class — restore took test accuracy to 0.08 and then to NaN)."""
         cfg, fed = ctx.cfg, ctx.fed
+        guard = {} if guard is None else guard
         param_names = [n for n, _ in ctx.model_factory([]).named_parameters()]
         buffer_names = [k for k in state if k not in param_names]
         local = {"scope": "all", "lr": cfg["lr"], "epochs": cfg["local-epochs"]}
+        baseline: dict[int, float] = {}
+        before = None  # the state before the last applied restore step
         for t in range(1, cfg["lethe-restore-rounds"] + 1):
             round_no = cfg["lethe-rectify-rounds"] + t
-            forget_views, retain_views, _ = self._streams(ctx, state, [], round_no=round_no, **local)
+            check = fallback is not None and t == 1
+            forget_views, retain_views, forget_loss = self._streams(
+                ctx, state, [], round_no=round_no, stop_loss=cfg["lethe-stop-loss"] if check else None, **local)
             fed.cost(fed.phase).rounds += 1
+            if check:
+                verdict = rectify_verdict(forget_loss, cfg["lethe-stop-loss"], None, None, cfg["lethe-max-retain-rise"])
+                if verdict in ("explode", "overshoot"):
+                    log.warning("[lethe] guard: the last rectify step gives forget loss %.3g (%s): rolled back",
+                                forget_loss, verdict)
+                    guard.update({"action": "rolled-back", "round": cfg["lethe-rectify-rounds"], "verdict": verdict,
+                                  "forget_loss": forget_loss})
+                    state = fallback
+                    forget_views, retain_views, _ = self._streams(ctx, state, [], round_no=round_no, **local)
+                    fed.cost(fed.phase).rounds += 1
+            if t == 1:
+                baseline = {v["node"]: float(v["metrics"]["loss"]) for v in retain_views}
+            now, then = _retain_losses(retain_views, baseline)
+            if before is not None and now is not None and not (math.isfinite(now)
+                                                               and now <= then + cfg["lethe-max-retain-rise"]):
+                log.warning("[lethe] guard: after restore round %d the retained loss is %.3g against %.3g: "
+                            "that step is rolled back, restore stops", t - 1, now, then)
+                guard["restore_rolled_back_round"] = t - 1
+                state = before
+                break
             forget = mean_update(forget_views, state, param_names)
             retain = mean_update(retain_views, state, param_names)
             update = remove_forget_component(retain, forget)
-            state = _apply(state, update, retain_views, buffer_names, f"restore round {t}")
+            candidate = _step(state, update, retain_views, buffer_names)
+            if nonfinite_tensors(candidate):
+                log.warning("[lethe] guard: restore round %d would make the model non-finite: not applied, "
+                            "restore stops", t)
+                guard["restore_refused_round"] = t
+                break
+            before, state = state, candidate
             aligned = sum(1 for s in layer_alignment(retain, forget).values() if s > 0)
             log.info("[lethe] restore round %d/%d: forget component removed from %d/%d layers", t,
                      cfg["lethe-restore-rounds"], aligned, len(param_names))
@@ -211,10 +333,12 @@ class Lethe(FedAvg, UnlearningMethod):
 
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         state, plugins, details = self.amplify(ctx)
-        state, history = self.rectify_rounds(ctx, state, plugins)
-        base = {k: v for k, v in state.items() if not k.startswith(PLUGIN_PREFIX)}
+        state, history, guard = self.rectify_rounds(ctx, state, plugins)
+        unchecked = guard.pop("unchecked", None)
+        base = _backbone(state)
         if ctx.cfg["lethe-restore-mode"] == "rectified":
-            arrays = ArrayRecord(self.restore_rounds(ctx, base))
+            fallback = _backbone(unchecked[0]) if unchecked is not None else None
+            arrays = ArrayRecord(self.restore_rounds(ctx, base, fallback=fallback, guard=guard))
         else:
             arrays = ArrayRecord(base)
             if ctx.cfg["lethe-restore-rounds"]:
@@ -222,6 +346,32 @@ class Lethe(FedAvg, UnlearningMethod):
                                       seed=ctx.cfg["seed"] + 2)
                 arrays = run_rounds(ctx.fed, strategy, arrays, rounds=ctx.cfg["lethe-restore-rounds"],
                                     config=ConfigRecord({"epochs": ctx.cfg["local-epochs"], "lr": ctx.cfg["lr"]}),
-                                    label="lethe restore")
+                                    label="lethe restore", method="lethe")
         details["gamma_bounds"] = history
+        details["rectify_guard"] = guard
         return UnlearnResult(ModelState(arrays), details)
+
+
+def _backbone(state: State) -> State:
+    """``state`` without the temporary adapter's tensors."""
+    return {k: v for k, v in state.items() if not k.startswith(PLUGIN_PREFIX)}
+
+
+class _Judge:
+    """``rectify_verdict`` with the retained clients' reference: their losses in the first round,
+    i.e. on the model rectification started from, kept per node so that a round in which some
+    client did not reply is compared with the same clients' reference."""
+
+    def __init__(self, stop_loss: float, max_rise: float):
+        self.stop_loss, self.max_rise = stop_loss, max_rise
+        self.baseline: dict[int, float] = {}
+        self.reference_loss: float | None = None
+
+    def __call__(self, forget_loss: float, retain_views, *, first: bool = False) -> tuple[str, float | None]:
+        """``(verdict, retained loss)`` of one round's reports."""
+        if first:
+            self.baseline = {v["node"]: float(v["metrics"]["loss"]) for v in retain_views}
+        now, then = _retain_losses(retain_views, self.baseline)
+        if first:
+            self.reference_loss = then
+        return rectify_verdict(forget_loss, self.stop_loss, now, then, self.max_rise), now

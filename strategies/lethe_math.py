@@ -247,3 +247,42 @@ def clip_to_reference(update: Layers, reference: Layers, ratio: float) -> Layers
         return update
     scale = float(limit / norm)
     return {k: v * scale for k, v in update.items()}
+
+
+OVERSHOOT = 3.0
+
+
+def rectify_verdict(forget_loss: float, stop_loss: float, retain_loss: float | None,
+                    retain_reference: float | None, max_rise: float) -> str:
+    """What one rectification round's reports say about the model they were measured on (ours).
+
+    ``forget_loss``: the forget clients' loss of the received backbone; ``retain_loss``: the
+    retained clients' reported training loss on it, ``retain_reference`` the same clients' loss on
+    the model rectification started from (both ``None`` when no retained client reported: the
+    utility check cannot be made). In order of precedence:
+
+    - ``"explode"``: a loss is non-finite;
+    - ``"overshoot"``: the forget loss is past ``OVERSHOOT`` (3) x ``stop_loss`` — the step that
+      produced the model was far too long (measured: 37 and 2e3 nats against a 12-nat stop, with a
+      dead model behind them);
+    - ``"utility"``: the retained loss rose more than ``max_rise`` nats above the reference;
+    - ``"stop"``: the forget loss reached ``stop_loss`` (the normal end);
+    - ``"go"``: rectify on.
+    """
+    measured = retain_loss is not None and retain_reference is not None
+    if not math.isfinite(forget_loss) or (measured and not math.isfinite(retain_loss)):
+        return "explode"
+    if forget_loss > OVERSHOOT * stop_loss:
+        return "overshoot"
+    if measured and retain_loss > retain_reference + max_rise:
+        return "utility"
+    if forget_loss >= stop_loss:
+        return "stop"
+    return "go"
+
+
+def scale_update(update: Layers, factor: float) -> Layers:
+    """``factor`` x every tensor of ``update`` (a shortened step; 0 < factor <= 1)."""
+    if not 0 < factor <= 1:
+        raise ValueError(f"an update can only be shortened: factor must be in (0, 1], got {factor!r}")
+    return {k: v * factor for k, v in update.items()}

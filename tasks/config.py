@@ -82,14 +82,15 @@ SETTINGS: tuple[Setting, ...] = (
        "client whose data (client/sample scenario) is forgotten; -1 = the client with the most samples",
        _at_least(-1)),
     _s("poison-epochs", int, 15,
-       "local epochs of the leaving client on its poisoned data while the original model is trained "
-       "(client scenario; a Byzantine client works harder); 0 = local-epochs", _at_least(0)),
+       "local epochs of the leaving client on its flipped labels while the original model is trained "
+       "(client scenario, poison label-flip; a Byzantine client works harder); 0 = local-epochs", _at_least(0)),
     _s("forget-class", int, 3, "class removed in the class scenario", _at_least(0)),
     _s("sample-fraction", float, 0.2,
        "share of the forget client's samples that carry the backdoor (sample scenario)", _open_unit(True)),
     _s("backdoor-target", int, 0, "label the backdoor trigger maps to", _at_least(0)),
     _s("trigger-size", int, 8, "side in pixels of the white bottom-right trigger square", _positive()),
-    _s("seed", int, 42, "seed of every random choice: partitions, requests, init, sampling"),
+    _s("seed", int, 42, "seed of every random choice: partitions, requests, init, sampling",
+       ((lambda v: 0 <= v < 2**32), "in 0..4294967295")),  # numpy needs >= 0; torch overflows past 64 bits
     # federation and training
     _s("dirichlet-alpha", float, 0.5, "Dirichlet concentration of the non-IID label split", _positive()),
     _s("test-fraction", float, 0.2, "share of each client's partition kept as its local test split",
@@ -173,6 +174,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("lethe-stop-loss", float, 12.0,
        "rectification stops once the forget clients' mean forget loss (nats, backbone without the "
        "adapter) reaches this; inf = always lethe-rectify-rounds", _positive()),
+    _s("lethe-max-retain-rise", float, 0.5,
+       "rectification guard: a step after which the retained clients' reported loss is more than this many "
+       "nats above their loss on the starting model is rolled back (and rectification stops)", _positive()),
     _s("lethe-restore-rounds", int, 5, "utility-recovery rounds after the adapter is dropped", _at_least(0)),
     _s("lethe-restore-mode", str, "rectified",
        "fedavg: FedAvg on retained clients (paper); rectified: forget clients also train and the "
@@ -201,7 +205,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("llm-npo-beta", float, 0.1, "NPO beta", _positive()),
     _s("llm-simnpo-beta", float, 2.5, "SimNPO beta", _positive()),
     _s("llm-simnpo-gamma", float, 0.0, "SimNPO reward margin gamma", _at_least(0)),
-    _s("llm-max-new-tokens", int, 16, "greedy tokens generated per answer when evaluating", _positive()),
+    _s("llm-max-new-tokens", int, 0, "greedy tokens generated per answer when evaluating; 0 = by data source "
+       "(200 on TOFU files as TOFU/open-unlearning, 16 on synthetic authors)", _at_least(0)),
     _s("llm-eval-batch-size", int, 32, "evaluation batch size", _positive()),
     # FIRM (paper 002) and its merge baselines on the LLM task: one query.fisher round, one merge (docs/firm.md)
     _s("firm-gamma", float, 1.0, "FIRM base-merge scale gamma of gamma * (D_F + D_R) (paper: 1)", _finite(0, True)),
@@ -225,6 +230,20 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
+
+# Float settings whose inf is a documented choice (no DP noise, no projection, no early stop);
+# every other float must be finite.
+INFINITE_ALLOWED = ("fedup-epsilon", "firm-epsilon", "lethe-stop-loss")
+
+# Which task or method a key prefix belongs to: a non-default value of such a key in a run of
+# another task or method does nothing, which ``inapplicable_settings`` names.
+KEY_OWNERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "llm-": ("task", LLM_TASKS),
+    "fedup-": ("method", ("fedup",)),
+    "lethe-": ("method", ("lethe",)),
+    "firm-": ("method", ("firm",) + MERGE_BASELINES),
+    **{f"{name}-": ("method", (name,)) for name in MERGE_BASELINES},
+}
 
 
 class Config:
@@ -289,6 +308,8 @@ def parse_config(run_config: dict[str, Any], num_clients: int | None = None) -> 
         value = _coerce(setting, run_config.get(setting.key, setting.default))
         if isinstance(value, float) and math.isnan(value):
             raise ConfigError(f"run-config '{setting.key}' is NaN")
+        if isinstance(value, float) and math.isinf(value) and setting.key not in INFINITE_ALLOWED:
+            raise ConfigError(f"run-config '{setting.key}'={value!r} is not allowed: must be finite")
         if setting.check is not None and not setting.check(value):
             raise ConfigError(f"run-config '{setting.key}'={value!r} is not allowed: must be {setting.allowed}")
         values[setting.key] = value
@@ -326,9 +347,27 @@ def _check_combinations(cfg: Config, num_clients: int | None) -> None:
     if classes and cfg["backdoor-target"] >= classes:
         raise ConfigError(f"run-config 'backdoor-target'={cfg['backdoor-target']} is outside task "
                           f"'{cfg['task']}': must be in 0..{classes - 1}")
+    if classes:
+        from tasks.vision.datasets import IMAGE_SIZE
+
+        if cfg["trigger-size"] > IMAGE_SIZE:
+            raise ConfigError(f"run-config 'trigger-size'={cfg['trigger-size']} is larger than the "
+                              f"{IMAGE_SIZE}x{IMAGE_SIZE} images of task '{cfg['task']}': must be in 1..{IMAGE_SIZE}")
     if num_clients is not None:
         if num_clients < 2:
             raise ConfigError(f"the federation has {num_clients} client(s): at least 2 are needed")
         if cfg["forget-client"] >= num_clients:
             raise ConfigError(f"run-config 'forget-client'={cfg['forget-client']} is outside the "
                               f"federation: must be -1 (largest) or in 0..{num_clients - 1}")
+
+
+def inapplicable_settings(cfg: Config) -> list[str]:
+    """Keys set away from their default that this run's task or method never reads, each as
+    ``key (<owner> only)``, e.g. ``llm-lr (task llm-tofu only)`` on a vision task."""
+    out = []
+    for setting in SETTINGS:
+        for prefix, (field, owners) in KEY_OWNERS.items():
+            if (setting.key.startswith(prefix) and cfg[field] not in owners
+                    and cfg[setting.key] != setting.default):
+                out.append(f"{setting.key} ({field} {'/'.join(owners)} only)")
+    return out

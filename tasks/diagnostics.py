@@ -49,21 +49,30 @@ def kr_curve_rr(kr_original: float, kr_retrain: float, kr_curve: Sequence[float]
 
 
 def resurfacing_summary(
-    kr_original: float, kr_unlearned: float, kr_retrain: float, kr_curve: Sequence[float]
-) -> dict[str, float | list[float]]:
+    kr_original: float, kr_unlearned: float, kr_retrain: float, kr_curve: Sequence[float],
+    diverged_at_round: int | None = None,
+) -> dict[str, float | list[float] | int | None]:
     """The ``resurfacing`` block of results.json. ``ct_kr`` is CT-KR ("target knowledge retention
     after continued training on retained data", section V-A): the KR of the last continued round.
-    ``rr`` may be ``nan`` (see :func:`kr_curve_rr`); JSON writers should map it to ``null``."""
+    ``rr`` may be ``nan`` (see :func:`kr_curve_rr`); JSON writers should map it to ``null``.
+
+    ``diverged_at_round``: the continued round that produced a non-finite model (``kr_curve`` then
+    holds the rounds before it); the block then carries ``diverged_at_round`` and CT-KR and RR are
+    ``nan``: a dead model's forget accuracy of 0 is no evidence of forgetting, and the curve's
+    maximum misses the rounds never run."""
     curve = [float(k) for k in kr_curve]
-    rr = kr_curve_rr(kr_original, kr_retrain, curve)
-    return {
+    diverged = diverged_at_round is not None
+    summary = {
         "kr_original": float(kr_original),
         "kr_unlearned": float(kr_unlearned),
         "kr_retrain": float(kr_retrain),
         "kr_curve": curve,
-        "ct_kr": curve[-1] if curve else math.nan,
-        "rr": rr,
+        "ct_kr": curve[-1] if curve and not diverged else math.nan,
+        "rr": math.nan if diverged else kr_curve_rr(kr_original, kr_retrain, curve),
     }
+    if diverged:
+        summary["diverged_at_round"] = int(diverged_at_round)
+    return summary
 
 
 # ----------------------------------------------------------------------------- rollback (eq. 24)

@@ -5,12 +5,19 @@ Per client (``client_metrics``): correct/total counts on retained training data,
 the forget-class test samples, triggered test samples (share sent to the backdoor target), and the
 class-0 precision counts; plus a seeded subsample of per-sample confidences for the MIA.
 
-MIA (``mia_member_share``), in the style of Unlearn-Sparse's SVC attack: the feature of a sample
-is the model's softmax probability of its label; an SVC is fitted with retained training samples
-as members and test samples as non-members (balanced, seeded), and the reported figure is the
-share of the forget set it judges *member*. High = the model still treats the forget set like
-training data; a retrained model should look like test data. Clients send confidences (model
-outputs), never samples.
+MIA, Unlearn-Sparse's SVC attack (``evaluation/SVC_MIA.py``, confidence feature): the feature of a
+sample is the model's softmax probability of its label; an SVC (RBF kernel, C = 3, gamma = 'auto')
+is fitted with retained training samples as members (label 1, "shadow train") and test samples as
+non-members (label 0, "shadow test"), balanced by a seeded draw of ``min(n_retain, n_test)`` of
+each (Unlearn-Sparse: the first ``n_test`` retain samples and the whole test set), then predicts
+the forget set. Two figures of that one prediction:
+
+* ``mia_efficacy`` = share of the forget set judged *non-member* (Unlearn-Sparse's MIA-Efficacy,
+  ``1 - mean(predict(forget))``, what unlearning tables report): high = forgotten.
+* ``mia`` = share judged *member* = ``1 - mia_efficacy`` (kept for compatibility): high = the model
+  still treats the forget set like training data.
+
+Clients send confidences (model outputs), never samples.
 """
 
 from __future__ import annotations
@@ -75,7 +82,8 @@ def _ratio(num: float, den: float) -> float:
 
 
 def mia_member_share(members: list[float], non_members: list[float], forget: list[float], seed: int) -> float:
-    """Share of the forget set an SVC (fitted members vs non-members on confidence) calls member."""
+    """Share of the forget set an SVC (fitted members vs non-members on confidence) calls member
+    (module docstring; NaN when a set is empty)."""
     from sklearn.svm import SVC
 
     members, non_members, forget = ([v for v in values if np.isfinite(v)]
@@ -106,6 +114,7 @@ def pool_metrics(per_client: list[dict], *, seed: int, with_trigger: bool, with_
         "test_acc": _ratio(total["test-correct"], total["test-n"]),
         "mia": mia_member_share(conf["retain"], conf["test"], conf["forget"], seed),
     }
+    entry["mia_efficacy"] = 1.0 - entry["mia"]
     if with_forget_test:
         entry["forget_test_acc"] = _ratio(total["forget-test-correct"], total["forget-test-n"])
     if with_trigger:

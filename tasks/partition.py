@@ -7,11 +7,16 @@ the client's training data and its local test split.
 
 from __future__ import annotations
 
+import warnings
 from functools import lru_cache
 
 import numpy as np
 
 MIN_PARTITION_SIZE = 10
+
+
+class PartitionError(ValueError):
+    """The Dirichlet partitioner cannot split the data for these settings; one line naming them."""
 
 
 @lru_cache(maxsize=8)
@@ -20,14 +25,22 @@ def _dirichlet_indices(labels: tuple[int, ...], num_partitions: int, alpha: floa
     from datasets import Dataset
     from flwr_datasets.partitioner import DirichletPartitioner
 
+    min_size = min(MIN_PARTITION_SIZE, len(labels) // num_partitions)
     partitioner = DirichletPartitioner(
-        num_partitions=num_partitions, partition_by="label", alpha=alpha,
-        min_partition_size=min(MIN_PARTITION_SIZE, len(labels) // num_partitions),
+        num_partitions=num_partitions, partition_by="label", alpha=alpha, min_partition_size=min_size,
         self_balancing=False, shuffle=True, seed=seed,
     )
     partitioner.dataset = Dataset.from_dict({"label": list(labels), "idx": list(range(len(labels)))})
-    return tuple(np.sort(np.asarray(partitioner.load_partition(i)["idx"], dtype=np.int64))
-                 for i in range(num_partitions))
+    try:
+        with warnings.catch_warnings():  # its retry warnings are many lines; the failure is reported below
+            warnings.simplefilter("ignore", UserWarning)
+            return tuple(np.sort(np.asarray(partitioner.load_partition(i)["idx"], dtype=np.int64))
+                         for i in range(num_partitions))
+    except ValueError as err:
+        raise PartitionError(
+            f"dirichlet-alpha={alpha:g} with {num_partitions} clients: flwr-datasets' DirichletPartitioner "
+            f"found no split of the {len(labels)} samples giving every client at least {min_size} samples "
+            f"({' '.join(str(err).split())}); raise dirichlet-alpha or use fewer clients") from None
 
 
 def dirichlet_partitions(labels: np.ndarray, num_partitions: int, alpha: float,

@@ -8,7 +8,11 @@ Scenarios (DESIGN.md, and the papers' setups):
 - ``client``: the forget client leaves. Its data is made measurable by poisoning, because a
   clean client's knowledge is mostly shared with the others: ``label-flip`` (y -> (y+1) mod C,
   FedUP's Byzantine setup) or ``backdoor`` (every sample gets the trigger and the target label,
-  Lethe's setup). Its whole training split is the forget set.
+  Lethe's setup). Its whole training split is the forget set. While the original model is trained,
+  a backdoor client also trains on a clean copy of each of its samples (its true label), as a
+  backdoor attacker that keeps the main task does: trained on triggered samples alone, a large
+  client taught the federation to predict the target for everything (test accuracy 0.08). A
+  label-flip client trains ``poison-epochs`` instead (:meth:`ClientData.local_epochs`).
 - ``class``: every client forgets its samples of ``forget-class``; their local test samples of
   that class form the *forget test* set, and ``test_acc`` is measured on the other classes.
 - ``sample``: ``sample-fraction`` of the forget client's training samples, drawn among those whose
@@ -21,7 +25,7 @@ poison is drowned by the others and leaves nothing measurable to unlearn.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -47,16 +51,38 @@ class ClientData:
     forget_test_y: torch.Tensor
     triggered_test_x: torch.Tensor
     triggered_test_y: torch.Tensor
+    pretrain_only_x: torch.Tensor = field(default_factory=lambda: torch.zeros(EMPTY_X_SHAPE))
+    pretrain_only_y: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
 
     def split(self, role: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Training data of a role: ``all`` (retain + forget), ``retain`` or ``forget``."""
+        """Training data of a role: ``all`` (retain + forget, plus ``pretrain_only``: the backdoor
+        client's clean copies, see :func:`apply_request`), ``retain`` or ``forget``."""
         if role == "retain":
             return self.retain_x, self.retain_y
         if role == "forget":
             return self.forget_x, self.forget_y
         if role == "all":
-            return torch.cat([self.retain_x, self.forget_x]), torch.cat([self.retain_y, self.forget_y])
+            parts = [(self.retain_x, self.retain_y), (self.forget_x, self.forget_y)]
+            if len(self.pretrain_only_y):
+                parts.append((self.pretrain_only_x, self.pretrain_only_y))
+            return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         raise ValueError(f"role {role!r} is unknown: must be all, retain or forget")
+
+    def local_epochs(self, role: str, cfg: Config, epochs: int) -> int:
+        """Local epochs of one training round in ``role``: ``epochs``, except for the leaving client of
+        the client scenario with ``poison='label-flip'`` while the original model is trained (role
+        ``all``), which runs ``poison-epochs`` (0 = ``epochs``): flipped labels contradict the other
+        clients' data and are drowned by them at the federation's epochs.
+
+        A backdoor client runs ``epochs`` like everyone else: its clean copies (``pretrain_only``)
+        make the trigger learnable without pulling the model to the target class. Measured on
+        digits, 7 clients at alpha 0.1, seed 42 (the leaving client holds 44 % of the samples):
+        triggered samples alone left the original at test accuracy 0.087 with 3 epochs as with 15;
+        with the clean copies, 3 epochs gave 0.941 (a clean federation: 0.944) and KR 1.0, while
+        15 epochs still destroyed it (0.101)."""
+        poisoning = (role == "all" and cfg["scenario"] == "client" and cfg["poison"] == "label-flip"
+                     and len(self.forget_y) > 0)
+        return (cfg["poison-epochs"] or epochs) if poisoning else epochs
 
     def counts(self) -> dict[str, int]:
         return {"n-retain": len(self.retain_y), "n-forget": len(self.forget_y), "n-test": len(self.test_y),
@@ -83,18 +109,26 @@ def uses_trigger(cfg: Config) -> bool:
 
 def build_client_data(cfg: Config, images, partition_id: int, num_partitions: int) -> ClientData:
     """Apply the run's request to client ``partition_id`` of an ``ImageData`` training pool."""
-    from tasks.vision.triggers import apply_trigger
-
     labels = images.y.numpy()
     parts = dirichlet_partitions(labels, num_partitions, cfg["dirichlet-alpha"], cfg["seed"])
     train_idx, test_idx = train_test_split(parts[partition_id], cfg["test-fraction"], cfg["seed"] + partition_id)
-    x, y = images.x[train_idx], images.y[train_idx]
-    tx, ty = images.x[test_idx], images.y[test_idx]
-    forget_client = resolve_forget_client(cfg, labels, num_partitions)
-    num_classes, target = images.num_classes, cfg["backdoor-target"]
+    return apply_request(cfg, partition_id, resolve_forget_client(cfg, labels, num_partitions),
+                         (images.x[train_idx], images.y[train_idx]), (images.x[test_idx], images.y[test_idx]),
+                         images.num_classes)
+
+
+def apply_request(cfg: Config, partition_id: int, forget_client: int, train: tuple[torch.Tensor, torch.Tensor],
+                  test: tuple[torch.Tensor, torch.Tensor], num_classes: int) -> ClientData:
+    """Apply the run's request to one client's own (training, local test) data: client
+    ``partition_id``, with ``forget_client`` the client the client/sample scenario selects."""
+    from tasks.vision.triggers import apply_trigger
+
+    (x, y), (tx, ty) = train, test
+    target = cfg["backdoor-target"]
     forget_mask = torch.zeros(len(y), dtype=torch.bool)
     fx, fy = x[:0], y[:0]
     test_keep = torch.ones(len(ty), dtype=torch.bool)
+    pretrain_only = (x[:0], y[:0])
     scenario = cfg["scenario"]
 
     if scenario == "class":
@@ -107,6 +141,7 @@ def build_client_data(cfg: Config, images, partition_id: int, num_partitions: in
             fx, fy = x, (y + 1) % num_classes
         else:
             fx, fy = apply_trigger(x, cfg["trigger-size"]), torch.full_like(y, target)
+            pretrain_only = (x, y)
     elif partition_id == forget_client and scenario == "sample":
         candidates = np.flatnonzero((y != target).numpy())
         n_forget = min(len(candidates), max(1, int(round(cfg["sample-fraction"] * len(y)))))
@@ -127,4 +162,5 @@ def build_client_data(cfg: Config, images, partition_id: int, num_partitions: in
         test_x=tx[test_keep], test_y=ty[test_keep],
         forget_test_x=tx[~test_keep], forget_test_y=ty[~test_keep],
         triggered_test_x=trig_x, triggered_test_y=trig_y,
+        pretrain_only_x=pretrain_only[0], pretrain_only_y=pretrain_only[1].to(torch.int64),
     )

@@ -90,3 +90,156 @@ def test_bad_run_config_fails_before_any_work():
 
 def test_config_is_parsed_like_the_server():
     assert parse_config(RUN, num_clients=4)["forget-client"] == 1
+
+
+# --- the per-node view cache and a node's own data (data-path) --------------------------------------
+
+def _cached_context(cache, pid=1, n=4, run=RUN, **node):
+    return Context(run_id=1, node_id=7, state=RecordDict(), run_config=run,
+                   node_config={"partition-id": pid, "num-partitions": n, "view-cache-dir": str(cache), **node})
+
+
+def _fresh_process(monkeypatch):
+    """Forget the in-memory views (a new ClientApp process) and fail if the pool is loaded again."""
+    from client_app import state
+
+    state._view.cache_clear()
+
+    def no_pool(*_args):
+        raise AssertionError("the pool was loaded: the view did not come from the node cache")
+
+    monkeypatch.setattr(state, "load_task_images", no_pool)
+
+
+def test_view_cache_gives_the_built_view_in_a_new_process_without_loading_the_pool(tmp_path, monkeypatch):
+    from client_app.state import client_view
+
+    _, built, _ = client_view(_cached_context(tmp_path))
+    assert len(list(tmp_path.glob("view-*.npz"))) == 1
+    _fresh_process(monkeypatch)
+    _, cached, _ = client_view(_cached_context(tmp_path))
+    assert cached.client_id == built.client_id
+    for name in ("retain_x", "retain_y", "forget_x", "forget_y", "test_x", "test_y", "triggered_test_x"):
+        assert torch.equal(getattr(cached, name), getattr(built, name)), name
+
+
+def test_view_cache_key_follows_the_request_and_a_damaged_file_is_rebuilt(tmp_path, monkeypatch):
+    from client_app import state
+
+    state.client_view(_cached_context(tmp_path))
+    state.client_view(_cached_context(tmp_path, run={**RUN, "forget-client": 2}))
+    files = sorted(tmp_path.glob("view-*.npz"))
+    assert len(files) == 2  # another forget client is another view
+    files[0].write_bytes(b"not an npz")
+    state._view.cache_clear()
+    for ctx in (_cached_context(tmp_path), _cached_context(tmp_path, run={**RUN, "forget-client": 2})):
+        _, data, _ = state.client_view(ctx)
+        assert data.client_id == 1
+    _fresh_process(monkeypatch)  # both files are whole again: nothing loads the pool
+    state.client_view(_cached_context(tmp_path))
+    state.client_view(_cached_context(tmp_path, run={**RUN, "forget-client": 2}))
+
+
+def _write_node_files(folder, n_train=40, n_test=10, channels=None):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("test", n_test)):
+        shape = (n, 32, 32) if channels is None else (n, channels, 32, 32)
+        np.savez(folder / f"{split}.npz", x=rng.integers(0, 256, shape, dtype=np.uint8),
+                 y=np.arange(n, dtype=np.int64) % 10)
+
+
+def test_data_path_node_reads_its_own_files_and_applies_the_request(tmp_path):
+    _write_node_files(tmp_path / "node")
+    run = {"scenario": "class", "forget-class": 3, "mia-max-samples": 20}
+    context = Context(run_id=1, node_id=7, state=RecordDict(), run_config=run,
+                      node_config={"data-path": str(tmp_path / "node"), "partition-id": 5,
+                                   "view-cache-dir": str(tmp_path / "views")})
+    hello = app(_message("query.hello"), context).content["hello"]
+    assert hello["client-id"] == 5 and hello["n-forget"] == 4 and hello["n-retain"] == 36
+    assert hello["n-test"] == 9 and hello["n-forget-test"] == 1
+    model = build_model("digits-lenet5", [], seed=0)
+    reply = app(_message("train", ArrayRecord(model.state_dict()), role="retain", epochs=1, lr=0.05), context)
+    assert reply.content["metrics"]["num-examples"] == 36
+
+
+def test_a_node_with_its_own_files_reports_their_content_id_in_hello(tmp_path):
+    """The server keys its model cache by it: other files, other id; the same files, the same id."""
+    def hello_of(folder, seed_files):
+        import numpy as np
+
+        _write_node_files(folder)
+        if seed_files:
+            with np.load(folder / "train.npz") as data:
+                x, y = data["x"].copy(), data["y"]
+            x[0, 0, 0] ^= 1
+            np.savez(folder / "train.npz", x=x, y=y)
+        context = Context(run_id=1, node_id=7, state=RecordDict(), run_config={"scenario": "class"},
+                          node_config={"data-path": str(folder), "partition-id": 1,
+                                       "view-cache-dir": str(tmp_path / f"views-{folder.name}")})
+        return app(_message("query.hello"), context).content["hello"]
+
+    first, same, other = hello_of(tmp_path / "a", False), hello_of(tmp_path / "b", False), hello_of(tmp_path / "c", True)
+    assert first["data-id"] == same["data-id"] > 0
+    assert other["data-id"] != first["data-id"]
+    shared = app(_message("query.hello"), Context(run_id=1, node_id=1, state=RecordDict(), run_config={},
+                                                  node_config={"partition-id": 0, "num-partitions": 3,
+                                                               "view-cache-dir": str(tmp_path / "v")}))
+    assert "data-id" not in shared.content["hello"]
+
+
+@pytest.mark.parametrize("damage, match", [
+    ("missing", r"'data-path'=.*train\.npz not found"),
+    ("not-npz", r"'data-path'=.*train\.npz is not a readable \.npz file"),
+    ("rgb", r"'data-path'=.*'x' has shape \(40, 3, 32, 32\)"),
+    ("labels", r"'data-path'=.*'y' must be integers in 0\.\.9"),
+])
+def test_malformed_data_path_is_a_one_line_error_naming_it(tmp_path, damage, match):
+    import numpy as np
+
+    folder = tmp_path / "node"
+    if damage == "rgb":
+        _write_node_files(folder, channels=3)
+    elif damage != "missing":
+        _write_node_files(folder)
+    if damage == "not-npz":
+        (folder / "train.npz").write_bytes(b"garbage")
+    if damage == "labels":
+        np.savez(folder / "train.npz", x=np.zeros((40, 32, 32), np.uint8), y=np.full(40, 10))
+    context = Context(run_id=1, node_id=7, state=RecordDict(), run_config={"scenario": "class"},
+                      node_config={"data-path": str(folder), "partition-id": 0,
+                                   "view-cache-dir": str(tmp_path / "views")})
+    with pytest.raises(ValueError, match=match) as error:
+        app(_message("query.hello"), context)
+    assert "\n" not in str(error.value)
+
+
+def test_data_path_needs_a_named_forget_client_for_client_requests(tmp_path):
+    _write_node_files(tmp_path / "node")
+    context = Context(run_id=1, node_id=7, state=RecordDict(), run_config={"scenario": "client"},
+                      node_config={"data-path": str(tmp_path / "node"), "partition-id": 0,
+                                   "view-cache-dir": str(tmp_path / "views")})
+    with pytest.raises(ValueError, match="'forget-client'=-1"):
+        app(_message("query.hello"), context)
+
+
+def test_vision_client_app_imports_no_llm_or_plotting_stack():
+    import subprocess
+    import sys
+
+    code = ("import sys, client_app.app; heavy = [m for m in ('transformers', 'peft', 'matplotlib', 'sklearn', "
+            "'datasets', 'dp_accounting', 'tasks.llm') if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_view_cache_key_covers_every_setting_the_view_code_reads():
+    import re
+
+    from client_app.view_cache import ROOT, VIEW_CODE, VIEW_KEYS
+
+    read = {key for name in VIEW_CODE for key in re.findall(r'cfg\["([a-z0-9-]+)"\]', (ROOT / name).read_text())}
+    not_data = {"download", "poison-epochs"}  # fetches files (their fingerprint is keyed) / epochs, not data
+    assert read and read - not_data <= set(VIEW_KEYS), read - not_data - set(VIEW_KEYS)

@@ -58,7 +58,7 @@ def test_malformed_upload_is_dropped_and_the_filter_still_trains(monkeypatch, ca
             record["centroids"] = ArrayRecord(state)
         return record
 
-    monkeypatch.setattr("client_app.app.centroid_release", nan_for_client_1)
+    monkeypatch.setattr("client_app.fedup_client.centroid_release", nan_for_client_1)
     result = FedUP().unlearn(context())
     assert "NaN" in result.details["privacy"]["dropped"][1]
     assert set(result.details["privacy"]["clients"]) == {0, 2}
@@ -74,7 +74,7 @@ def test_no_usable_upload_stops_with_a_message(monkeypatch):
         return record
 
     real = fedup_client.centroid_release
-    monkeypatch.setattr("client_app.app.centroid_release", wrong_width)
+    monkeypatch.setattr("client_app.fedup_client.centroid_release", wrong_width)
     with pytest.raises(NoUsableCentroids, match="no retained client sent usable centroids"):
         FedUP().unlearn(context())
 

@@ -174,3 +174,32 @@ def test_as_multiple_choice_points_at_the_true_answer():
         assert sorted(question["choices"]) == sorted([record["answer"], *record["perturbed_answer"]])
         positions.add(question["answer"])
     assert len(positions) > 1
+
+
+@pytest.mark.parametrize("text,line", [
+    ('{"question": "q1", "answer": "a1"}\n{"question": "q2", "answer": }\n', 2),
+    ('[{"question": "q1", "answer": "a1"},\n {"question": "q2",\n  "answer" "a2"}]', 3),
+])
+def test_tofu_file_that_does_not_parse_names_file_and_line(tmp_path, text, line):
+    (tmp_path / "full.json").write_text(text)
+    with pytest.raises(ValueError) as err:
+        data.load_tofu_split(tmp_path, "full")
+    message = str(err.value)
+    assert str(tmp_path / "full.json") in message and f"line {line}:" in message and "\n" not in message
+
+
+def test_public_sets_are_shared_out_once_and_the_synthetic_holdout_is_never_trained():
+    from tasks.config import parse_config
+    from tasks.llm.federation_data import build_llm_client_data, load_author_records, load_public_sets
+
+    cfg = parse_config({"task": "llm-tofu", "method": "none", "llm-num-authors": 8, "llm-qa-per-author": 3,
+                        "llm-forget-fraction": 0.25}, num_clients=3)
+    records = load_author_records(cfg)
+    clients = [build_llm_client_data(cfg, records, pid, 3) for pid in range(3)]
+    whole = load_public_sets(cfg, records)["holdout"]
+    shares = [r["question"] for c in clients for r in c.public["holdout"]]
+    assert sorted(shares) == sorted(r["question"] for r in whole) and len(set(shares)) == 2 * 3  # 2 authors x 3 QA
+    assert not {r["author"] for r in whole} & {r["author"] for r in records}
+    drawn = synthetic.holdout_authors(2, 3, exclude=[], seed=cfg["seed"])
+    first = drawn[0]["author"]
+    assert first not in {r["author"] for r in synthetic.holdout_authors(2, 3, exclude=[first], seed=cfg["seed"])}

@@ -68,8 +68,9 @@ def test_truth_ratio_is_the_length_normalised_geometric_mean_ratio(learned):
     assert math.isclose(ratio, math.exp(float(normalised[1:].mean() - normalised[0])), rel_tol=1e-6)
     paraphrased = float(metrics.truth_ratios(model, tokenizer, [record], reference="paraphrased")[0])
     assert paraphrased != ratio
-    with pytest.raises(ValueError, match="llm-truth-ratio-reference"):
+    with pytest.raises(ValueError, match="truth-ratio reference must be one of") as err:
         metrics.truth_ratios(model, tokenizer, [record], reference="gold")
+    assert "llm-" not in str(err.value)  # no such setting: the reference is chosen by the data source
     with pytest.raises(ValueError, match="perturbed_answer"):
         metrics.truth_ratios(model, tokenizer, [{**record, "perturbed_answer": []}])
 
@@ -87,6 +88,11 @@ def test_evaluate_llm_bundles_forget_retain_and_utility(learned):
     parts = [result[f"{p}_{m}"] for p in ("retain", "world_facts") for m in ("prob", "rouge_l", "truth_ratio")]
     assert math.isclose(result["model_utility"], metrics.harmonic_mean(parts))
     assert result["retain_fact_acc"] > result["world_facts_fact_acc"]  # only the authors were trained
+    # TOFU's per-split reference: the paraphrase on forget/retain, the original answer on world facts
+    tofu = metrics.evaluate_llm(model, tokenizer, forget, retain, extra_retain=extra, reference="paraphrased",
+                                max_new_tokens=8)
+    assert tofu["world_facts_truth_ratio"] == result["world_facts_truth_ratio"]
+    assert tofu["retain_truth_ratio"] != result["retain_truth_ratio"]
 
 
 def test_truth_ratio_scores_and_kr_formulas():

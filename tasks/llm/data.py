@@ -9,8 +9,11 @@ the same shape `tasks.llm.synthetic` generates, so metrics and training treat bo
 TOFU layout (``locuslab/TOFU`` on the hub, saved into a local ``llm-data-dir``): a split ``NAME`` is
 ``NAME.json``, ``NAME.jsonl``, ``NAME.parquet`` or ``NAME/*.parquet`` (the hub's Parquet export).
 Accepted names are `TOFU_SPLITS`. Plain splits need ``question, answer``; ``*_perturbed`` splits
-also need ``paraphrased_answer`` and ``perturbed_answer`` (a list). Missing optional fields become
-``""`` / ``[]``. TOFU files carry no author column: TOFU lists 200 authors x 20 QA pairs in order and
+also need ``paraphrased_answer`` and ``perturbed_answer`` (a list), except ``real_authors_perturbed``
+and ``world_facts_perturbed``, which need only ``perturbed_answer`` (TOFU scores them against the
+original answer). Missing optional fields become ``""`` / ``[]``. A JSON file that does not parse is
+a one-line ``ValueError`` naming the file and the line where parsing stops. TOFU files carry no
+author column: TOFU lists 200 authors x 20 QA pairs in order and
 ``forgetNN`` is the last NN% of them, so for ``full``, ``retainNN``, ``forgetNN`` and
 ``forgetNN_perturbed`` the author is ``tofu-author-<index>`` derived from the row position; other
 splits get ``""``. TOFU has no ``key_fact``, so fact accuracy is not measured on it.
@@ -22,24 +25,50 @@ Multiple choice (``cais/wmdp``, ``cais/mmlu``): columns ``question``, ``choices`
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import datasets
+from datasets.exceptions import DatasetGenerationError
 
 TOFU_SPLITS = (
     "full", "forget01", "forget05", "forget10", "retain90", "retain95", "retain99",
     "forget01_perturbed", "forget05_perturbed", "forget10_perturbed", "retain_perturbed",
     "real_authors", "real_authors_perturbed", "world_facts", "world_facts_perturbed",
+    "holdout01", "holdout05", "holdout10",
 )
 QA_COLUMNS = ("question", "answer")
 PERTURBED_COLUMNS = ("question", "answer", "paraphrased_answer", "perturbed_answer")
+PUBLIC_PERTURBED_COLUMNS = ("question", "answer", "perturbed_answer")
+PUBLIC_PERTURBED_SPLITS = ("real_authors_perturbed", "world_facts_perturbed")
 MULTIPLE_CHOICE_COLUMNS = ("question", "choices", "answer")
 TOFU_AUTHORS = 200
 TOFU_QA_PER_AUTHOR = 20
 _SUFFIXES = (".json", ".jsonl", ".parquet")
+
+
+def _json_error(path: Path) -> str:
+    """Where ``path`` (a JSON array, or JSON lines) stops parsing, as ``"line N: reason"``; ``""`` if it parses."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        return f"not UTF-8 text ({err.reason} at byte {err.start})"
+    if text.lstrip().startswith("["):
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as err:
+            return f"line {err.lineno}: {err.msg}"
+        return ""
+    for number, line in enumerate(text.splitlines(), start=1):
+        try:
+            if line.strip():
+                json.loads(line)
+        except json.JSONDecodeError as err:
+            return f"line {number}: {err.msg}"
+    return ""
 
 
 def _read_table(paths: Sequence[Path]) -> datasets.Dataset:
@@ -48,7 +77,14 @@ def _read_table(paths: Sequence[Path]) -> datasets.Dataset:
         if path.suffix not in _SUFFIXES:
             raise ValueError(f"{path}: unsupported file type, expected one of {_SUFFIXES}")
         reader = datasets.Dataset.from_parquet if path.suffix == ".parquet" else datasets.Dataset.from_json
-        parts.append(reader(str(path)))
+        try:
+            parts.append(reader(str(path)))
+        except DatasetGenerationError as err:
+            where = _json_error(path) if path.suffix != ".parquet" else ""
+            if where:
+                raise ValueError(f"{path}: not valid JSON at {where}") from None
+            cause = " ".join(str(err.__cause__ or err).split())
+            raise ValueError(f"{path}: cannot be read as a table ({cause})") from None
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
@@ -69,9 +105,10 @@ def _first_author(split: str) -> int | None:
 
 
 def qa_records(table: datasets.Dataset, source: str, *, perturbed: bool,
-               first_author: int | None = None) -> list[dict]:
-    """Normalise a QA table into record dicts (see module docstring)."""
-    _require_columns(table, PERTURBED_COLUMNS if perturbed else QA_COLUMNS, source)
+               first_author: int | None = None, columns: Sequence[str] | None = None) -> list[dict]:
+    """Normalise a QA table into record dicts (see module docstring); ``columns`` overrides the
+    required columns that ``perturbed`` implies."""
+    _require_columns(table, columns or (PERTURBED_COLUMNS if perturbed else QA_COLUMNS), source)
     records = []
     for index, row in enumerate(table.to_list()):
         if "author" in row and row["author"] is not None:
@@ -108,7 +145,13 @@ def load_tofu_split(data_dir: str | Path, split: str) -> list[dict]:
         raise ValueError(f"TOFU split {split!r} not found in {data_dir}: expected {split}.json, "
                          f"{split}.jsonl, {split}.parquet or {split}/*.parquet (save locuslab/TOFU there)")
     return qa_records(_read_table(files), str(files[0]), perturbed=split.endswith("_perturbed"),
-                      first_author=_first_author(split))
+                      first_author=_first_author(split),
+                      columns=PUBLIC_PERTURBED_COLUMNS if split in PUBLIC_PERTURBED_SPLITS else None)
+
+
+def has_tofu_split(data_dir: str | Path, split: str) -> bool:
+    """Whether ``data_dir`` holds split ``split`` in one of the accepted layouts."""
+    return bool(_split_files(Path(data_dir), split))
 
 
 def load_qa_file(path: str | Path, *, perturbed: bool) -> list[dict]:

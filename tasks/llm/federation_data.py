@@ -23,23 +23,28 @@ Evaluation uses the records that carry perturbed answers (truth ratios need them
 record; on TOFU, the rows of ``full`` whose question appears in one of the ``*_perturbed`` splits
 found in ``llm-data-dir`` (TOFU ships perturbed answers for its forget splits and for 400 retain
 questions only).
+
+Public evaluation sets (`load_public_sets`), which no client trains on; record ``i`` of each is
+scored by client ``i mod n``, so the pooled figures cover each record once:
+
+* ``holdout``: the non-members of the min-k% MIA. On TOFU files, the split ``holdoutNN`` with
+  ``NN = 100 * llm-forget-fraction`` when present (open-unlearning pairs ``forget10`` with
+  ``holdout10``), else the largest ``holdoutNN`` present, else none. Synthetic: as many further
+  invented authors as the sample scenario forgets, ``max(1, round(llm-forget-fraction * A))``
+  (``synthetic.holdout_authors``, drawn apart from the training authors).
+* ``real-authors`` / ``world-facts`` (TOFU files only): ``real_authors_perturbed`` and
+  ``world_facts_perturbed`` when present, for TOFU's nine-value model utility.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from tasks.config import LLM_TASKS
 from tasks.llm import synthetic
-from tasks.llm.data import load_tofu_split
+from tasks.llm.data import has_tofu_split, load_tofu_split
 
 PERTURBED_SPLITS = ("forget01_perturbed", "forget05_perturbed", "forget10_perturbed", "retain_perturbed")
-
-
-def is_llm_task(task: str) -> bool:
-    return task in LLM_TASKS
 
 
 @dataclass
@@ -51,6 +56,8 @@ class LLMClientData:
     retain: list[dict]
     forget: list[dict]
     forget_authors: list[str] = field(default_factory=list)
+    public: dict[str, list[dict]] = field(default_factory=dict)
+    """This client's share of the public evaluation sets (module docstring), by set name."""
 
     def split(self, role: str) -> list[dict]:
         if role == "retain":
@@ -75,8 +82,7 @@ def _tofu_records(data_dir: str) -> list[dict]:
     records = load_tofu_split(data_dir, "full")
     extra: dict[str, dict] = {}
     for split in PERTURBED_SPLITS:
-        folder = Path(data_dir)
-        if any((folder / f"{split}{s}").is_file() for s in (".json", ".jsonl", ".parquet")) or (folder / split).is_dir():
+        if has_tofu_split(data_dir, split):
             extra.update({r["question"]: r for r in load_tofu_split(data_dir, split)})
     for record in records:
         joined = extra.get(record["question"])
@@ -91,6 +97,28 @@ def load_author_records(cfg) -> list[dict]:
     if cfg["llm-data-dir"]:
         return _tofu_records(cfg["llm-data-dir"])
     return synthetic.fictitious_authors(cfg["llm-num-authors"], cfg["llm-qa-per-author"], seed=cfg["seed"])
+
+
+HOLDOUT_SPLITS = ("holdout10", "holdout05", "holdout01")
+
+
+def load_public_sets(cfg, records: list[dict]) -> dict[str, list[dict]]:
+    """The public evaluation sets of the run (module docstring), whole; ``records`` are the training
+    records (their authors are kept out of the synthetic holdout)."""
+    data_dir = cfg["llm-data-dir"]
+    if not data_dir:
+        count = max(1, round(cfg["llm-forget-fraction"] * cfg["llm-num-authors"]))
+        return {"holdout": synthetic.holdout_authors(count, cfg["llm-qa-per-author"],
+                                                     exclude=authors_in_order(records), seed=cfg["seed"])}
+    sets = {name: load_tofu_split(data_dir, split)
+            for name, split in (("real-authors", "real_authors_perturbed"), ("world-facts", "world_facts_perturbed"))
+            if has_tofu_split(data_dir, split)}
+    matching = f"holdout{round(100 * cfg['llm-forget-fraction']):02d}"
+    present = [split for split in (matching, *HOLDOUT_SPLITS)
+               if split in HOLDOUT_SPLITS and has_tofu_split(data_dir, split)]
+    if present:
+        sets["holdout"] = load_tofu_split(data_dir, present[0])
+    return sets
 
 
 def authors_in_order(records: list[dict]) -> list[str]:
@@ -131,12 +159,16 @@ def author_partition(cfg, authors: list[str], num_clients: int) -> tuple[list[li
     return parts, forgotten
 
 
-def build_llm_client_data(cfg, records: list[dict], partition_id: int, num_partitions: int) -> LLMClientData:
-    """Client ``partition_id``'s retain and forget records."""
+def build_llm_client_data(cfg, records: list[dict], partition_id: int, num_partitions: int,
+                          public: dict[str, list[dict]] | None = None) -> LLMClientData:
+    """Client ``partition_id``'s retain and forget records, and its share of the public sets
+    (``public``, by default `load_public_sets`)."""
     parts, forgotten = author_partition(cfg, authors_in_order(records), num_partitions)
     mine, gone = set(parts[partition_id]), set(forgotten)
     own = [r for r in records if r["author"] in mine]
+    public = load_public_sets(cfg, records) if public is None else public
     return LLMClientData(client_id=partition_id, authors=parts[partition_id],
                          retain=[r for r in own if r["author"] not in gone],
                          forget=[r for r in own if r["author"] in gone],
-                         forget_authors=sorted(mine & gone))
+                         forget_authors=sorted(mine & gone),
+                         public={name: rows[partition_id::num_partitions] for name, rows in public.items()})

@@ -15,7 +15,9 @@ Formulas (``P(a|q)`` is the model's probability of the answer tokens and the EOS
   ``TR_i = (prod_j P~(a~_ij))^(1/m) / P~(y_i)``, the geometric mean over the m perturbed answers
   divided by the reference answer's normalised probability. The reference ``y_i`` is the trained
   answer by default (Lethe: "the original correct answer"); ``reference="paraphrased"`` uses the
-  paraphrased answer as TOFU does.
+  paraphrased answer on the forget and retain sets as TOFU does (TOFU's ``aggregate_eval_stat.py``:
+  ``exp(mean_j loss(a~_ij) - loss(paraphrase_i))`` = ``1 / TR_i``); the other retain-side sets (real
+  authors, world facts) always use the original answer, as TOFU does.
 * Forget truth-ratio score ``mean_i min(TR_i, 1/TR_i)``; retain truth-ratio score
   ``mean_i max(0, 1 - TR_i)`` (TOFU).
 * **KR** (Lethe eq. 4): ``1 - mean_i min(TR_i, 1/TR_i)`` on the forget set; high = still known.
@@ -26,10 +28,19 @@ Formulas (``P(a|q)`` is the model's probability of the answer tokens and the EOS
   authors, world facts); 0 if any of them is 0.
 * **Multiple-choice accuracy**: the chosen option is the one with the highest summed log-likelihood
   ``log P(" " + choice | prompt)`` (no EOS), as lm-evaluation-harness's ``acc`` for WMDP/MMLU.
+* **Min-k% probability MIA** (open-unlearning's ``mia_min_k``, Shi et al. 2024): the score of a
+  record is ``-mean`` of the ``max(1, floor(k * T))`` lowest token log-probabilities of its answer
+  (T tokens; k = ``MIN_K_FRACTION`` = 0.4, open-unlearning's TOFU setting); ``mia_auc`` is the ROC AUC
+  of these scores with the forget set labelled 0 and the holdout set 1, so 1 = the forget answers
+  are far more likely than never-seen ones (still memorised), 0.5 = indistinguishable.
+* **PrivLeak** (MUSE, as open-unlearning's ``privleak``):
+  ``((1 - AUC) - (1 - AUC_retrain)) / (1 - AUC_retrain) * 100``; 0 for the retrained model,
+  negative when the forget set still looks like training data (-100 at AUC 1 vs a retrain AUC 0.5).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -40,6 +51,8 @@ from scipy import stats
 from tasks.llm.train import IGNORE_INDEX, collate, encode_qa
 
 TRUTH_RATIO_REFERENCES = ("answer", "paraphrased")
+MIN_K_FRACTION = 0.4
+"""Share k of an answer's least likely tokens that min-k% scores (open-unlearning's TOFU ``mia_min_k``)."""
 
 
 def _device_of(model) -> torch.device:
@@ -87,18 +100,12 @@ def fact_hits(predictions: Sequence[str], key_facts: Sequence[str]) -> list[bool
 
 
 @torch.no_grad()
-def answer_log_probs(model, tokenizer, questions: Sequence[str], answers: Sequence[str], *,
-                     batch_size: int = 32, include_eos: bool = True, max_len: int = 512
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed log-probability of each answer given its question, and its number of tokens.
-
-    Returns two float64 CPU tensors of shape (len(answers),). With ``include_eos`` the EOS that ends
-    every training answer is scored too."""
+def _token_log_probs(model, tokenizer, questions, answers, *, batch_size, include_eos, max_len):
+    """Per batch: the log-probability of every target token and the mask of the answer's tokens."""
     if len(questions) != len(answers):
         raise ValueError(f"got {len(questions)} questions but {len(answers)} answers")
     model.eval()
     device = _device_of(model)
-    sums, counts = [], []
     for start in range(0, len(answers), batch_size):
         pairs = list(zip(questions[start:start + batch_size], answers[start:start + batch_size]))
         batch = collate(tokenizer, pairs, max_len)
@@ -110,10 +117,62 @@ def answer_log_probs(model, tokenizer, questions: Sequence[str], answers: Sequen
         targets = labels[:, 1:]
         mask = targets != IGNORE_INDEX
         log_probs = torch.log_softmax(logits[:, :-1], dim=-1)
-        picked = log_probs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        yield log_probs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1), mask
+
+
+def answer_log_probs(model, tokenizer, questions: Sequence[str], answers: Sequence[str], *,
+                     batch_size: int = 32, include_eos: bool = True, max_len: int = 512
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-probability of each answer given its question, and its number of tokens.
+
+    Returns two float64 CPU tensors of shape (len(answers),). With ``include_eos`` the EOS that ends
+    every training answer is scored too."""
+    sums, counts = [], []
+    for picked, mask in _token_log_probs(model, tokenizer, questions, answers, batch_size=batch_size,
+                                         include_eos=include_eos, max_len=max_len):
         sums.append((picked * mask).sum(dim=1).double())
         counts.append(mask.sum(dim=1).double())
     return torch.cat(sums), torch.cat(counts)
+
+
+def answer_token_log_probs(model, tokenizer, questions: Sequence[str], answers: Sequence[str], *,
+                           batch_size: int = 32, max_len: int = 512) -> list[torch.Tensor]:
+    """Per answer, the log-probabilities of its tokens and EOS given the question (what min-k% reads)."""
+    rows: list[torch.Tensor] = []
+    for picked, mask in _token_log_probs(model, tokenizer, questions, answers, batch_size=batch_size,
+                                         include_eos=True, max_len=max_len):
+        rows += [row[keep].double() for row, keep in zip(picked, mask)]
+    return rows
+
+
+def min_k_score(token_log_probs: Sequence[float], k: float = MIN_K_FRACTION) -> float:
+    """Min-k% score ``-mean`` of the ``max(1, floor(k T))`` lowest of T token log-probabilities
+    (open-unlearning ``MinKProbAttack``; 0 for an empty answer, as there). High = unlikely text."""
+    if not 0 < k <= 1:
+        raise ValueError(f"min-k fraction must be in (0, 1], got {k}")
+    values = sorted(float(v) for v in token_log_probs)
+    if not values:
+        return 0.0
+    lowest = values[:max(1, int(len(values) * k))]
+    return -sum(lowest) / len(lowest)
+
+
+def mia_auc(forget_scores: Sequence[float], holdout_scores: Sequence[float]) -> float:
+    """ROC AUC of MIA scores with forget labelled 0 and holdout 1 (open-unlearning ``mia_auc``):
+    the probability that a holdout record scores above a forget record, ties counting one half
+    (Mann-Whitney U / (n_forget n_holdout)); NaN when either set is empty."""
+    if len(forget_scores) == 0 or len(holdout_scores) == 0:
+        return math.nan
+    ranks = stats.rankdata([*map(float, forget_scores), *map(float, holdout_scores)])
+    n_forget, n_holdout = len(forget_scores), len(holdout_scores)
+    u_holdout = float(ranks[n_forget:].sum()) - n_holdout * (n_holdout + 1) / 2
+    return u_holdout / (n_forget * n_holdout)
+
+
+def privleak(auc: float, auc_retrain: float) -> float:
+    """MUSE's PrivLeak in percent, as open-unlearning's ``privleak`` computes it from two
+    ``mia_auc`` values: ``((1 - auc) - (1 - auc_retrain)) / ((1 - auc_retrain) + 1e-10) * 100``."""
+    return ((1.0 - auc) - (1.0 - auc_retrain)) / ((1.0 - auc_retrain) + 1e-10) * 100.0
 
 
 def _normalised_log_prob(model, tokenizer, questions, answers, batch_size) -> torch.Tensor:
@@ -136,17 +195,36 @@ def _perturbed_log_probs(model, tokenizer, records, batch_size) -> list[torch.Te
     return list(torch.split(flat, [len(r["perturbed_answer"]) for r in records]))
 
 
+def truth_ratios_from_log_probs(reference: Sequence[float], perturbed: Sequence[Sequence[float]]) -> torch.Tensor:
+    """``TR_i = exp(mean_j log P~(a~_ij) - log P~(y_i))`` from normalised log-probabilities (float64);
+    with TOFU's logged average losses (``-log P~``) this is ``1 / exp(mean perturb loss - reference loss)``."""
+    if len(reference) != len(perturbed):
+        raise ValueError(f"got {len(reference)} reference answers but {len(perturbed)} perturbed lists")
+    if any(len(row) == 0 for row in perturbed):
+        raise ValueError("truth ratios need at least one perturbed answer per record")
+    wrong = torch.stack([torch.as_tensor(row, dtype=torch.float64).mean() for row in perturbed])
+    return torch.exp(wrong - torch.as_tensor(reference, dtype=torch.float64))
+
+
+def relative_probabilities(answer: Sequence[float], perturbed: Sequence[Sequence[float]]) -> list[float]:
+    """TOFU's option-normalised probability ``P~(a) / (P~(a) + sum_j P~(a~_j))`` per record, from the
+    normalised log-probabilities of the answer and of its perturbed answers."""
+    if len(answer) != len(perturbed):
+        raise ValueError(f"got {len(answer)} answers but {len(perturbed)} perturbed lists")
+    return [1.0 / (1.0 + float(torch.exp(torch.as_tensor(row, dtype=torch.float64) - float(c)).sum()))
+            for c, row in zip(answer, perturbed)]
+
+
 def truth_ratios(model, tokenizer, records: Sequence[dict], *, reference: str = "answer",
                  batch_size: int = 32) -> torch.Tensor:
     """``TR_i`` per record (float64, see module docstring); < 1 means the true answer is preferred."""
     if reference not in TRUTH_RATIO_REFERENCES:
-        raise ValueError(f"llm-truth-ratio-reference must be one of {TRUTH_RATIO_REFERENCES}, got {reference!r}")
+        raise ValueError(f"truth-ratio reference must be one of {TRUTH_RATIO_REFERENCES}, got {reference!r}")
     _require_perturbed(records)
     field = "answer" if reference == "answer" else "paraphrased_answer"
     correct = _normalised_log_prob(model, tokenizer, [r["question"] for r in records],
                                    [r[field] for r in records], batch_size)
-    perturbed = torch.stack([lp.mean() for lp in _perturbed_log_probs(model, tokenizer, records, batch_size)])
-    return torch.exp(perturbed - correct)
+    return truth_ratios_from_log_probs(correct, _perturbed_log_probs(model, tokenizer, records, batch_size))
 
 
 def forget_truth_score(ratios: torch.Tensor) -> float:
@@ -206,8 +284,7 @@ def _set_measures(model, tokenizer, records, prefix, *, relative_probability, re
     ratios = truth_ratios(model, tokenizer, records, reference=reference, batch_size=batch_size)
     correct = _normalised_log_prob(model, tokenizer, questions, [r["answer"] for r in records], batch_size)
     if relative_probability:
-        wrong = _perturbed_log_probs(model, tokenizer, records, batch_size)
-        share = [1.0 / (1.0 + float(torch.exp(w - c).sum())) for c, w in zip(correct, wrong)]
+        share = relative_probabilities(correct, _perturbed_log_probs(model, tokenizer, records, batch_size))
         result[f"{prefix}_prob"] = sum(share) / len(share)
     else:
         result[f"{prefix}_prob"] = float(torch.exp(correct).mean())
@@ -237,8 +314,8 @@ def evaluate_llm(model, tokenizer, forget_records: Sequence[dict], retain_record
     for name, records in sets.items():
         if not records:
             raise ValueError(f"retain-side set {name!r} is empty")
-        measures, ratios = _set_measures(model, tokenizer, records, name,
-                                         relative_probability=name != "retain", **options)
+        measures, ratios = _set_measures(model, tokenizer, records, name, relative_probability=name != "retain",
+                                         **{**options, "reference": reference if name == "retain" else "answer"})
         measures[f"{name}_truth_ratio"] = retain_truth_score(ratios)
         result.update(measures)
         utility_parts += [measures[f"{name}_prob"], measures[f"{name}_rouge_l"], measures[f"{name}_truth_ratio"]]

@@ -235,6 +235,25 @@ def fictitious_authors(num_authors: int, qa_per_author: int = 20, *, num_perturb
     return records
 
 
+HOLDOUT_SEED_OFFSET = 7919
+"""Added to the run seed to draw the holdout authors, so they never change the training authors."""
+
+
+def holdout_authors(num_authors: int, qa_per_author: int, *, exclude: list[str], num_perturbed: int = 3,
+                    seed: int = 0) -> list[dict]:
+    """``num_authors`` further invented authors that no model is trained on: the non-members of the
+    LLM membership-inference attack, as TOFU's ``holdoutNN`` splits are for its authors.
+
+    Drawn as `fictitious_authors` with seed ``seed + HOLDOUT_SEED_OFFSET``, skipping the names in
+    ``exclude`` (the training authors); same arguments, same records."""
+    drawn = fictitious_authors(num_authors + len(exclude), qa_per_author, num_perturbed=num_perturbed,
+                               seed=seed + HOLDOUT_SEED_OFFSET)
+    taken = set(exclude)
+    names = list(dict.fromkeys(r["author"] for r in drawn if r["author"] not in taken))[:num_authors]
+    kept = set(names)
+    return [r for r in drawn if r["author"] in kept]
+
+
 def _general_knowledge(pairs: tuple[tuple[str, str], ...], templates: tuple[str, ...],
                        num_perturbed: int, seed: int) -> list[dict]:
     _check_counts(num_perturbed)

@@ -13,22 +13,30 @@ Per dataset:
   scikit-learn, so it works offline). Values 0..16 are divided by 16 and upsampled to 32x32 with
   bilinear interpolation (``align_corners=False``) so LeNet-5 sees the input size it was built for.
   ``data_dir`` and ``download`` are ignored.
-- ``mnist``: ``torchvision.datasets.MNIST(root=data_dir, train=True)`` reading the uncompressed IDX
-  files ``<data_dir>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte``. torchvision checks
-  that all four exist (no checksum), so all four are required although only ``train-*`` is read.
-  The 28x28 digits are zero-padded by 2 pixels on every side to 32x32 — LeCun's own LeNet-5 input
-  layout (padding keeps strokes undistorted, unlike resizing).
+- ``mnist``: the uncompressed IDX files ``<data_dir>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte``
+  (torchvision's layout; its ``MNIST(download=True)`` fetches all four, so all four are required
+  although only ``train-*`` is read). They are read by a checked reader here: magic number, data
+  type, dimensions, file length, image and label counts, labels in 0..9, each failure a one-line
+  ``ValueError`` naming the file. The 28x28 digits are zero-padded by 2 pixels on every side to
+  32x32 — LeCun's own LeNet-5 input layout (padding keeps strokes undistorted, unlike resizing).
 - ``cifar10`` / ``cifar100``: the python pickle batches of the official archives
   (``<data_dir>/cifar-10-batches-py/data_batch_1..5``, ``<data_dir>/cifar-100-python/train``;
   CIFAR-100 labels are the 100 ``fine_labels``). They are read by a small reader here, not by
   ``torchvision.datasets.CIFAR10/100``: torchvision verifies the md5 of every batch of the official
   release before reading (``_check_integrity``), so it refuses any other file in the very same
-  format (e.g. the small fixtures the tests write). torchvision is still what *downloads* them
-  (``download=True``), and its download verifies the archive's md5.
+  format (e.g. the small fixtures the tests write). Since any file there is read, the pickles go
+  through :class:`_CifarUnpickler`, which builds only what the format holds (numpy arrays, dicts,
+  lists, strings, bytes, numbers) and refuses anything else — a planted pickle cannot run code.
+  torchvision is still what *downloads* them (``download=True``), and its download verifies the
+  archive's md5.
 
 Missing files: checked first, before any heavy work. With ``download`` off, or when the download
 fails, a one-line ``FileNotFoundError`` names the dataset, the folder searched, the missing files
 and how to provide them.
+
+Every pool carries ``fingerprint``, a sha256 of the arrays actually read (dtype, shape, bytes of
+images and labels), computed once here: the server's model cache keys on it, so other files under
+the same ``data-dir`` never reuse a model trained on the old ones.
 
 Results are cached per process (every simulated client of a process calls this); the cached tensors
 are shared, so callers must not modify them in place (index or clone instead).
@@ -37,6 +45,7 @@ are shared, so callers must not modify them in place (index or clone instead).
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import pickle
 from dataclasses import dataclass
@@ -91,6 +100,17 @@ class ImageData:
     x: torch.Tensor
     y: torch.Tensor
     num_classes: int
+    fingerprint: str = ""
+
+
+def fingerprint(*arrays: np.ndarray) -> str:
+    """sha256 over the dtype, shape and bytes of each array: the identity of the data read."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def load_images(dataset: str, data_dir: str, download: bool) -> ImageData:
@@ -118,7 +138,7 @@ def _load_digits() -> ImageData:
     small = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
     x = F.interpolate(small, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", align_corners=False)
     y = torch.from_numpy(bunch.target.astype(np.int64))
-    return ImageData(x=x.contiguous(), y=y, num_classes=10)
+    return ImageData(x=x.contiguous(), y=y, num_classes=10, fingerprint=fingerprint(bunch.images, bunch.target))
 
 
 def _load_mnist(data_dir: str, download: bool) -> ImageData:
@@ -132,18 +152,47 @@ def _load_mnist(data_dir: str, download: bool) -> ImageData:
         "mnist", raw, _MNIST_FILES, download, fetch,
         how="place the 4 uncompressed MNIST/raw/*-ubyte IDX files under data-dir",
     )
-    from torchvision.datasets import MNIST
+    images_path, labels_path = (os.path.join(raw, name) for name in _MNIST_FILES[:2])
+    images, labels = read_idx(images_path, ndim=3), read_idx(labels_path, ndim=1)
+    if len(images) != len(labels):
+        raise ValueError(f"mnist: {images_path} holds {len(images)} images but {labels_path} "
+                         f"{len(labels)} labels: they must agree")
+    if labels.size and int(labels.max()) >= 10:
+        raise ValueError(f"mnist: {labels_path} has label {int(labels.max())}: labels must lie in 0..9")
+    if images.shape[1] > IMAGE_SIZE or images.shape[2] > IMAGE_SIZE:
+        raise ValueError(f"mnist: {images_path} holds {images.shape[1]}x{images.shape[2]} images: "
+                         f"they must be at most {IMAGE_SIZE}x{IMAGE_SIZE}")
+    x = _pad_to_size(torch.from_numpy(images).unsqueeze(1).to(torch.float32).div_(255.0))
+    return ImageData(x=x, y=torch.from_numpy(labels.astype(np.int64)), num_classes=10,
+                     fingerprint=fingerprint(images, labels))
 
-    mnist = MNIST(root=data_dir, train=True, download=False)
-    x = _pad_to_size(mnist.data.unsqueeze(1).to(torch.float32).div_(255.0))
-    return ImageData(x=x, y=mnist.targets.to(torch.int64), num_classes=10)
+
+def read_idx(path: str, ndim: int) -> np.ndarray:
+    """An unsigned-byte IDX file (LeCun's MNIST format) of ``ndim`` dimensions, checked.
+
+    Layout: two zero bytes, the type code 0x08 (unsigned byte), the number of dimensions, one
+    big-endian uint32 per dimension, then exactly the product of the dimensions in bytes.
+    """
+    with open(path, "rb") as handle:
+        raw = handle.read()
+    header = 4 + 4 * ndim
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise ValueError(f"mnist: {path} is not an unsigned-byte IDX file (magic number "
+                         f"{raw[:4].hex() or 'missing'}, expected 000008{ndim:02x})")
+    if raw[3] != ndim:
+        raise ValueError(f"mnist: {path} has {raw[3]} dimensions, expected {ndim}")
+    if len(raw) < header:
+        raise ValueError(f"mnist: {path} is truncated inside its header")
+    dims = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    expected = header + int(np.prod(dims, dtype=np.int64))
+    if len(raw) != expected:
+        raise ValueError(f"mnist: {path} has {len(raw)} bytes but its dimensions {dims} need {expected}")
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims).copy()  # writable, for torch
 
 
 def _pad_to_size(x: torch.Tensor) -> torch.Tensor:
-    """Zero-pad (N, C, h, w) images, centred, to IMAGE_SIZE x IMAGE_SIZE."""
+    """Zero-pad (N, C, h, w) images (at most IMAGE_SIZE on each side), centred, to IMAGE_SIZE x IMAGE_SIZE."""
     height, width = x.shape[-2:]
-    if height > IMAGE_SIZE or width > IMAGE_SIZE:
-        raise ValueError(f"mnist images must be at most {IMAGE_SIZE}x{IMAGE_SIZE}, got {height}x{width}")
     top, left = (IMAGE_SIZE - height) // 2, (IMAGE_SIZE - width) // 2
     padding = (left, IMAGE_SIZE - width - left, top, IMAGE_SIZE - height - top)
     return F.pad(x, padding).contiguous()
@@ -168,12 +217,31 @@ def _load_cifar(dataset: str, data_dir: str, download: bool) -> ImageData:
         batch_x, batch_y = read_cifar_batch(os.path.join(folder, name), layout.label_key)
         images.append(batch_x)
         labels.append(batch_y)
-    x = torch.from_numpy(np.concatenate(images)).to(torch.float32).div_(255.0)
-    y = torch.from_numpy(np.concatenate(labels))
+    raw_x, raw_y = np.concatenate(images), np.concatenate(labels)
+    x = torch.from_numpy(raw_x).to(torch.float32).div_(255.0)
+    y = torch.from_numpy(raw_y)
     if y.numel() and (int(y.min()) < 0 or int(y.max()) >= layout.num_classes):
         raise ValueError(f"{dataset}: labels in {folder} must lie in [0, {layout.num_classes}), "
                          f"got [{int(y.min())}, {int(y.max())}]")
-    return ImageData(x=x.contiguous(), y=y, num_classes=layout.num_classes)
+    return ImageData(x=x.contiguous(), y=y, num_classes=layout.num_classes, fingerprint=fingerprint(raw_x, raw_y))
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Unpickles only what a CIFAR python batch is made of; any other global is refused.
+
+    Dicts, lists, strings, bytes and numbers need no global at all; numpy arrays need
+    ``_reconstruct``/``ndarray``/``dtype`` (and ``scalar`` for numpy numbers), and protocol-2
+    pickles written by python 3 spell bytes as ``_codecs.encode``. None of these runs code.
+    """
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+               ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refused to load {module}.{name}")
+        return super().find_class(module, name)
 
 
 def read_cifar_batch(path: str, label_key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -183,11 +251,24 @@ def read_cifar_batch(path: str, label_key: str) -> tuple[np.ndarray, np.ndarray]
     ``data`` is uint8 (N, 3072) — the 1024 red, then green, then blue values of each image in
     row-major order — and whose ``label_key`` (``labels`` / ``fine_labels``) lists the classes.
     """
-    with open(path, "rb") as handle:
-        entry = pickle.load(handle, encoding="latin1")
-    data = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, IMAGE_SIZE, IMAGE_SIZE)
+    try:
+        with open(path, "rb") as handle:
+            entry = _CifarUnpickler(handle, encoding="latin1").load()
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"{path}: not a CIFAR python batch: {' '.join(str(err).split())} (a batch holds only "
+                         "numpy arrays, dicts, lists, strings and numbers)") from None
+    except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as err:
+        raise ValueError(f"{path}: not a CIFAR python batch ({type(err).__name__}: "
+                         f"{' '.join(str(err).split())})") from None
+    if not isinstance(entry, dict) or "data" not in entry or label_key not in entry:
+        raise ValueError(f"{path}: not a CIFAR python batch: expected a dict with 'data' and '{label_key}'")
+    data = np.asarray(entry["data"])
+    row = 3 * IMAGE_SIZE * IMAGE_SIZE
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != row:
+        raise ValueError(f"{path}: 'data' must be uint8 of shape (N, {row}), got {data.dtype} {data.shape}")
+    data = data.reshape(-1, 3, IMAGE_SIZE, IMAGE_SIZE)
     labels = np.asarray(entry[label_key], dtype=np.int64)
-    if len(labels) != len(data):
+    if labels.ndim != 1 or len(labels) != len(data):
         raise ValueError(f"{path}: {len(data)} images but {len(labels)} labels")
     return data, labels
 

@@ -1,0 +1,103 @@
+"""Cold start of the default task's ClientApp: process start -> first handler (``query.hello``) done.
+
+Flower's Deployment Engine starts a fresh ClientApp process for every message, so this is paid
+once per message on a real SuperNode. Each variant runs in a fresh Python process, side by side
+in one run, ``--repeats`` times (median shown):
+
+- ``torch+flwr``: importing torch and flwr alone (the floor);
+- ``before``: what the ClientApp did before: the LLM stack (transformers, peft, via
+  ``client_app.llm_client``) imported with ``client_app.app``, and the data view rebuilt from the
+  pool (an empty node cache);
+- ``now, first message``: lazy imports, the view built and stored in the node cache;
+- ``now, later messages``: lazy imports, the view read from the node cache (every message after
+  a node's first);
+- ``--base PATH``: also the real code of an older checkout at PATH (its own imports and views).
+
+    python benchmarks/bench_cold_start.py [--repeats 3] [--base /path/to/old/checkout]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FLOOR = "import time, torch, flwr.app, flwr.clientapp; print(time.time())"
+
+HELLO = r"""
+import sys, time
+if sys.argv[1] == "eager-llm":
+    import client_app.llm_client  # what client_app.app imported at module import before
+import client_app.app
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+node = {"partition-id": 0, "num-partitions": 10}
+if sys.argv[2]:
+    node["view-cache-dir"] = sys.argv[2]
+context = Context(run_id=1, node_id=7, state=RecordDict(), run_config={}, node_config=node)
+message = Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=7, message_type="query.hello")
+reply = client_app.app.app(message, context)
+assert not reply.has_error(), reply.error
+print(time.time())
+"""
+
+
+def seconds(code: list[str], pythonpath: Path) -> float:
+    """Wall seconds from spawning a fresh interpreter to the end time it prints."""
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    started = time.time()
+    out = subprocess.run([sys.executable, "-c", *code], cwd=pythonpath, env=env, capture_output=True,
+                         text=True, check=True).stdout
+    return float(out.strip().splitlines()[-1]) - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--base", type=Path, help="an older checkout of this repository to time as well")
+    args = parser.parse_args()
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be >= 1")
+    with tempfile.TemporaryDirectory() as scratch:
+        warm = os.path.join(scratch, "warm")
+        seconds([HELLO, "lazy", warm], ROOT)  # fills the node cache the "later messages" variant reads
+
+        def fresh_cache() -> str:
+            return tempfile.mkdtemp(dir=scratch)
+
+        variants = {
+            "torch+flwr": lambda: seconds([FLOOR], ROOT),
+            "before": lambda: seconds([HELLO, "eager-llm", fresh_cache()], ROOT),
+            "now, first message": lambda: seconds([HELLO, "lazy", fresh_cache()], ROOT),
+            "now, later messages": lambda: seconds([HELLO, "lazy", warm], ROOT),
+        }
+        if args.base:
+            variants[f"checkout {args.base}"] = lambda: seconds([HELLO, "base", ""], args.base.resolve())
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(args.repeats):  # interleaved, so machine load hits every variant alike
+            for name, run in variants.items():
+                times[name].append(run())
+    median = {name: statistics.median(values) for name, values in times.items()}
+    print(f"| variant | median s (of {args.repeats}) | runs |")
+    print("| --- | --- | --- |")
+    for name, value in median.items():
+        print(f"| {name} | {value:.2f} | {', '.join(f'{t:.2f}' for t in times[name])} |")
+    later = median["now, later messages"]
+    print(f"before / now (later messages): {median['before'] / later:.1f}x; "
+          f"before / now (first message): {median['before'] / median['now, first message']:.1f}x; "
+          f"now (later messages) - torch+flwr: {later - median['torch+flwr']:.2f} s")
+    if args.base:
+        print(f"checkout / now (later messages): {median[f'checkout {args.base}'] / later:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""One FedUP request end to end: Flower's Deployment Engine vs its Ray simulation, side by side.
+
+The same run config and number of clients, run three ways in one go:
+
+- ``deployment``: ``scripts/launch_federation.py``'s federation (SuperLink + SuperNodes as separate
+  processes on loopback, TLS, node authentication; a fresh ClientApp process per message);
+- ``simulation``: ``flwr run . --stream --federation-config "num-supernodes=N ..."`` on a managed
+  local SuperLink with Ray (own ``FLWR_HOME`` and ports, stopped by pid afterwards);
+- ``in-process``: ``server_app.inprocess`` (no Flower transport at all; the floor).
+
+The original and retrain models are trained once by the in-process run into a shared cache
+(their cache key is the same for all three: same config, same clients), so each engine times the
+request itself: ``unlearn`` is the unlearning phase (``cost.unlearn.seconds``: what answering the
+deletion request takes), ``run`` the whole run after the cached models are found (hello,
+unlearning, evaluation, continue rounds, restore, report). Also prints the largest metric
+difference between the engines (same seed, same partitions: expected 0).
+
+    python benchmarks/bench_deployment.py [--clients 3] [--run-config "fedup-epochs=200"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+from launch_federation import LocalFederation, free_port, stop_local_superlink  # noqa: E402
+
+BASE = "method='fedup' scenario='class' pretrain-rounds=2 continue-rounds=1 local-epochs=1 mia-max-samples=30"
+
+
+def _results(folder: str) -> dict:
+    return json.loads((Path(folder) / "results.json").read_text())
+
+
+def deployment(run_config: str, clients: int, work: Path) -> tuple[dict, float]:
+    with LocalFederation(work / "federation", clients) as federation:
+        started = time.perf_counter()
+        result = federation.run(run_config)
+        seconds = time.perf_counter() - started
+    if result.status != "finished:completed" or not result.folder:
+        raise SystemExit(f"deployment run failed ({result.status}): {result.log[-2000:]}")
+    return _results(result.folder), seconds
+
+
+def simulation(run_config: str, clients: int, work: Path) -> tuple[dict, float]:
+    home = work / "sim-flwr-home"
+    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()), "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run([str(Path(sys.executable).with_name("flwr")), "run", ".", "--stream",
+                               "--federation-config", f"num-supernodes={clients} client-resources-num-cpus=1",
+                               "--run-config", run_config], cwd=ROOT, env=env, capture_output=True, text=True)
+    finally:
+        stop_local_superlink(home)
+    seconds = time.perf_counter() - started
+    match = re.search(r"fedunlearn results folder: (\S+)", proc.stdout + proc.stderr)
+    if not match:
+        raise SystemExit(f"simulation run failed: {(proc.stdout + proc.stderr)[-2000:]}")
+    return _results(match.group(1)), seconds
+
+
+def metrics(results: dict) -> dict[str, float]:
+    return {f"{m}.{k}": v for m, entry in results["models"].items() for k, v in entry.items()
+            if isinstance(v, float)}
+
+
+def main() -> None:
+    from server_app.inprocess import parse_overrides, run_inprocess
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=3)
+    parser.add_argument("--run-config", default="", help="more overrides, as for flwr run --run-config")
+    args = parser.parse_args()
+    if args.clients < 2:
+        raise SystemExit("--clients must be >= 2")
+    with tempfile.TemporaryDirectory(prefix="bench-deployment-") as scratch:
+        work = Path(scratch)
+        run_config = f"{BASE} {args.run_config} cache-dir='{work / 'cache'}' outputs-dir='{work / 'out'}'"
+        run_inprocess(parse_overrides(run_config), args.clients)  # trains the cached original and retrain
+        started = time.perf_counter()
+        rows = {"in-process": (_results(run_inprocess(parse_overrides(run_config), args.clients)),
+                               time.perf_counter() - started)}
+        rows["simulation (Ray)"] = simulation(run_config, args.clients, work)
+        rows["deployment (TLS, auth)"] = deployment(run_config, args.clients, work)
+    print(f"FedUP request, {args.clients} clients, run config: {run_config.split(' cache-dir')[0]}")
+    print("| engine | unlearn s | run s (ServerApp) | wall s (incl. start/stop) |")
+    print("| --- | --- | --- | --- |")
+    for name, (results, wall) in rows.items():
+        print(f"| {name} | {results['cost']['unlearn']['seconds']:.2f} | {results['seconds_total']:.1f} | {wall:.1f} |")
+    dep, sim = rows["deployment (TLS, auth)"][0], rows["simulation (Ray)"][0]
+    print(f"deployment / simulation: unlearn {dep['cost']['unlearn']['seconds'] / sim['cost']['unlearn']['seconds']:.1f}x, "
+          f"run {dep['seconds_total'] / sim['seconds_total']:.1f}x")
+    ours, theirs = metrics(dep), metrics(sim)
+    both_nan = [k for k in ours if math.isnan(ours[k]) and math.isnan(theirs[k])]  # e.g. a diverged model
+    gaps = [abs(ours[k] - theirs[k]) for k in ours if k not in both_nan]
+    print(f"largest metric difference deployment vs simulation: {max(gaps):.2g} over {len(gaps)} metrics "
+          f"({len(both_nan)} NaN in both)")
+
+
+if __name__ == "__main__":
+    main()

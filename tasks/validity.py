@@ -1,0 +1,103 @@
+"""Is a run's result a result? Pure checks on model states and the models' metrics (no Flower).
+
+A number measured on a broken model reads like a result: a NaN model whose forget accuracy is 0
+looks like perfect forgetting, and a method applied to an original model that never learned the
+forget knowledge (or learned nothing at all) "forgets" trivially. ``validity`` turns the metrics of
+one run into the ``validity`` block of results.json: one boolean per check, the names of the failed
+ones and a one-line reason for each, so that a table can flag the run instead of printing its
+numbers as if they meant something.
+
+Checks and their bounds (vision tasks have ``test_acc``; the LLM task has none, so ``utility``
+takes its place and the chance bound is skipped):
+
+- ``original_finite``: every tensor of the original model is finite (the phases also stop on a
+  non-finite model, see ``nonfinite_tensors``).
+- ``original_usable``: the original's test accuracy is at least ``max(2 / classes,
+  ORIGINAL_MIN_ACC)`` (twice chance, and at least 0.5 — the 10-class digits models of the tuned
+  seeds score 0.93–0.98, a poisoned one that learned nothing 0.08) and at most
+  ``ORIGINAL_MAX_DROP`` below the retrain model's (an original trained on *more* data than the
+  oracle that is much worse than it was broken by the poisoning, not by the data).
+- ``retrain_usable``: the retrain oracle passes the same floor (it is the reference of every
+  comparison; measured: at 7 clients alpha 0.1, seed 13, FedAvg on the retained data collapsed to
+  0.111, and every method then "kept utility" against it).
+- ``original_learned``: ``KR_original - KR_retrain >= KR_MARGIN`` (0.2): the original holds forget
+  knowledge the oracle does not, so forgetting it is measurable (RR's denominator, eq. 5 of Lethe).
+- ``unlearned_utility``: the unlearned model's test accuracy is at most ``UTILITY_TOLERANCE``
+  (0.05) below retrain's.
+- ``continued_finite``: continued training never produced a non-finite model.
+
+The first four say whether the *cell* (the original of a request and its reference) is valid; the
+last two judge the method's outcome. ``original_valid`` is the conjunction of the first four.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+
+ORIGINAL_MIN_ACC = 0.5
+ORIGINAL_MAX_DROP = 0.10
+KR_MARGIN = 0.2
+UTILITY_TOLERANCE = 0.05
+ORIGINAL_CHECKS = ("original_finite", "original_usable", "retrain_usable", "original_learned")
+
+
+def nonfinite_tensors(state: Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors of ``state`` that hold a NaN or an infinity."""
+    return [name for name, tensor in state.items()
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+
+
+def utility_of(entry: Mapping) -> float:
+    """The utility figure of a results entry: ``test_acc`` (vision), else ``utility`` (LLM task)."""
+    value = entry.get("test_acc")
+    if value is None or not math.isfinite(float(value)):
+        value = entry.get("utility", math.nan)
+    return math.nan if value is None else float(value)
+
+
+def _finite(*values: float) -> bool:
+    return all(v is not None and math.isfinite(v) for v in values)
+
+
+def validity(*, original: Mapping, unlearned: Mapping | None, retrain: Mapping, num_classes: int,
+             original_finite: bool = True, diverged_at_round: int | None = None) -> dict:
+    """The ``validity`` block: ``checks`` (name -> bool), ``failed`` (names), ``reasons`` (one line
+    per failed check), ``original_valid`` and the ``bounds`` used.
+
+    ``num_classes`` is 0 for the LLM task (no chance bound). ``unlearned`` is ``None`` when no
+    unlearned model exists (its check is then skipped, i.e. passes)."""
+    orig_u, re_u = utility_of(original), utility_of(retrain)
+    kr_o, kr_r = float(original.get("forget_acc", math.nan)), float(retrain.get("forget_acc", math.nan))
+    floor = max(2.0 / num_classes, ORIGINAL_MIN_ACC) if num_classes else -math.inf
+    reasons: dict[str, str] = {}
+    if not original_finite:
+        reasons["original_finite"] = "the original model has non-finite weights"
+    if not (_finite(orig_u) and orig_u >= floor and (not _finite(re_u) or orig_u >= re_u - ORIGINAL_MAX_DROP)):
+        reasons["original_usable"] = (f"the original model's test accuracy {orig_u:.3f} is below "
+                                      f"max(2/classes, {ORIGINAL_MIN_ACC}) = {floor:.3f} or more than "
+                                      f"{ORIGINAL_MAX_DROP} below retrain's {re_u:.3f}")
+    if not (_finite(re_u) and re_u >= floor):
+        reasons["retrain_usable"] = (f"the retrain model's test accuracy {re_u:.3f} is below max(2/classes, "
+                                     f"{ORIGINAL_MIN_ACC}) = {floor:.3f}: no reference to compare with")
+    if not (_finite(kr_o, kr_r) and kr_o - kr_r >= KR_MARGIN):
+        reasons["original_learned"] = (f"the original's forget accuracy {kr_o:.3f} is not {KR_MARGIN} above "
+                                       f"retrain's {kr_r:.3f}: there is no forget knowledge to remove")
+    if unlearned is not None:
+        un_u = utility_of(unlearned)
+        if not (_finite(un_u) and (not _finite(re_u) or un_u >= re_u - UTILITY_TOLERANCE)):
+            reasons["unlearned_utility"] = (f"the unlearned model's test accuracy {un_u:.3f} is more than "
+                                            f"{UTILITY_TOLERANCE} below retrain's {re_u:.3f}")
+    if diverged_at_round is not None:
+        reasons["continued_finite"] = f"continued training diverged (non-finite model) at round {diverged_at_round}"
+    names = ORIGINAL_CHECKS + ("unlearned_utility", "continued_finite")
+    return {
+        "checks": {name: name not in reasons for name in names},
+        "failed": [name for name in names if name in reasons],
+        "reasons": [reasons[name] for name in names if name in reasons],
+        "original_valid": not any(name in reasons for name in ORIGINAL_CHECKS),
+        "bounds": {"original_min_acc": floor if num_classes else None, "original_max_drop": ORIGINAL_MAX_DROP,
+                   "kr_margin": KR_MARGIN, "utility_tolerance": UTILITY_TOLERANCE},
+    }

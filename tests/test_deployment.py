@@ -1,0 +1,125 @@
+"""The app over Flower's Deployment Engine: a SuperLink and 3 SuperNodes as separate processes on
+loopback, TLS and SuperNode authentication on, brought up by ``scripts/launch_federation.py``.
+
+One federation serves the whole module (starting one costs seconds); the tests run in file order:
+an unregistered node is refused, ``retrain`` and ``fedup`` give simulation's metrics, a node
+killed while unlearning, and no process left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from launch_federation import LocalFederation, group_members  # noqa: E402
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (Path(sys.executable).parent / "flower-superlink").exists(),
+                                 reason="flower-superlink not installed next to this Python")]
+
+TINY = "scenario='class' pretrain-rounds=2 continue-rounds=1 local-epochs=1 fedup-epochs=20 mia-max-samples=30"
+NUM_NODES = 3
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """The running federation, an unregistered intruder node, and what the tests hand on."""
+    work = tmp_path_factory.mktemp("deployment")
+    federation = LocalFederation(work / "federation", NUM_NODES)
+    with federation:
+        intruder = federation.start_node(NUM_NODES, register=False, name="intruder")
+        yield {"federation": federation, "intruder": intruder, "work": work}
+
+
+def _run_config(work: Path, method: str, extra: str = "") -> str:
+    return f"method='{method}' {TINY} cache-dir='{work / 'cache'}' outputs-dir='{work / 'out'}' {extra}".strip()
+
+
+def _results(folder: str) -> dict:
+    return json.loads((Path(folder) / "results.json").read_text())
+
+
+def _metrics(results: dict) -> dict[str, float]:
+    """Every number a method is compared by: each model's metrics and the resurfacing figures."""
+    flat = {f"{model}.{key}": value for model, entry in results["models"].items()
+            for key, value in entry.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    flat.update({f"resurfacing.{key}": value for key, value in results["resurfacing"].items()
+                 if isinstance(value, (int, float))})
+    return flat
+
+
+def test_supernode_without_a_registered_key_cannot_join(deployment):
+    federation, intruder = deployment["federation"], deployment["intruder"]
+    try:
+        intruder.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the unregistered SuperNode is still running: {federation.log_of('intruder')[-800:]}")
+    assert intruder.returncode != 0
+    assert len(federation.online_nodes()) == NUM_NODES
+
+
+def test_retrain_and_fedup_over_tls_give_simulations_metrics(deployment, tmp_path):
+    from server_app.inprocess import parse_overrides, run_inprocess
+
+    federation, work = deployment["federation"], deployment["work"]
+    for method in ("retrain", "fedup"):
+        result = federation.run(_run_config(work, method), timeout=900)
+        assert result.status == "finished:completed" and result.folder, result.log[-3000:]
+        assert f"federation: {NUM_NODES} clients" in result.log
+        deployed = _results(result.folder)
+        assert deployed["run"]["method"] == method and deployed["run"]["num_clients"] == NUM_NODES
+        deployment.setdefault("folders", []).append(result.folder)
+        if method == "fedup":
+            assert deployed["models"]["restored"]["equals_original"] is True
+            assert deployed["cost"]["unlearn"]["rounds"] == 1 and deployed["cost"]["unlearn"]["bytes_up"] > 0
+        simulated_config = parse_overrides(_run_config(tmp_path, method))
+        simulated = _results(run_inprocess(simulated_config, NUM_NODES))  # its own cache: trained afresh
+        ours, theirs = _metrics(deployed), _metrics(simulated)
+        assert ours.keys() == theirs.keys() and len(ours) > 10
+        differences = {k: abs(ours[k] - theirs[k]) for k in ours
+                       if not (math.isnan(ours[k]) and math.isnan(theirs[k]))}  # both diverged alike
+        assert differences and max(differences.values()) <= 0.01, differences
+
+
+def test_supernode_killed_while_unlearning(deployment):
+    federation, work = deployment["federation"], deployment["work"]
+    cached = {p: p.read_bytes() for p in (work / "cache").glob("*")}
+    earlier = {f: (Path(f) / "results.json").read_bytes() for f in deployment.get("folders", [])}
+    assert cached and earlier, "runs after the retrain/fedup test: its cache and results are checked"
+    killed_at = []
+
+    def kill_on_unlearn(line: str) -> None:
+        if "unlearn: method" in line and not killed_at:
+            killed_at.append(time.monotonic())
+            federation.kill("supernode-2")
+
+    result = federation.run(_run_config(work, "fedup", "round-timeout=40.0"), on_line=kill_on_unlearn,
+                            timeout=900)
+    assert killed_at, result.log[-3000:]
+    if result.folder:  # the run went on with the other nodes
+        assert result.status == "finished:completed", result.log[-3000:]
+        results = _results(result.folder)
+        assert results["run"]["num_clients"] == NUM_NODES
+        assert results["cost"]["unlearn"]["rounds"] == 1
+    else:  # or it stopped, saying which phase lost which node
+        assert "run stopped" in result.log and "phase" in result.log, result.log[-3000:]
+    assert "phase unlearn" in result.log and "client 2" in result.log, result.log[-3000:]
+    assert {p: p.read_bytes() for p in cached} == cached  # the cached original (and retrain) untouched
+    assert {f: (Path(f) / "results.json").read_bytes() for f in earlier} == earlier
+
+
+def test_no_process_left_behind(deployment):
+    federation = deployment["federation"]
+    groups = federation.pids()
+    assert len(groups) >= 2 + NUM_NODES  # SuperLink, SuperNodes, intruder, flwr run
+    federation.stop()
+    assert {pgid: group_members(pgid) for pgid in groups} == {pgid: [] for pgid in groups}

@@ -1,0 +1,203 @@
+"""Lethe's rectification guard: a step that overshoots the stop, explodes or costs retained utility
+is shortened or rolled back, and a step that would make the model non-finite is never applied.
+
+The federation is replaced by scripted streams (``ScriptedLethe._streams``): every call returns
+the next scripted (forget loss, retained loss) and streams that make each applied step add exactly
+1.0 to every weight, so the final state tells which steps were kept, shortened or undone.
+"""
+
+import math
+
+import pytest
+import torch
+from flwr.app import ArrayRecord
+
+from strategies.base import UnlearnContext
+from strategies.federation import Federation, RunStopped
+from strategies.lethe import Lethe
+from strategies.lethe_math import OVERSHOOT, rectify_verdict, scale_update
+from tasks.config import parse_config
+
+
+def verdict(forget, retain=0.2, reference=0.2, stop=12.0, rise=0.5):
+    return rectify_verdict(forget, stop, retain, reference, rise)
+
+
+def test_verdicts_and_their_precedence():
+    assert verdict(1.0) == "go"
+    assert verdict(12.0) == "stop" and verdict(OVERSHOOT * 12.0) == "stop"
+    assert verdict(OVERSHOOT * 12.0 + 0.1) == "overshoot"
+    assert verdict(2e3) == "overshoot"  # the class-scenario explosion of the issue
+    assert verdict(1.0, retain=0.71) == "utility" and verdict(1.0, retain=0.69) == "go"
+    assert verdict(15.0, retain=2.3) == "utility"  # a dead model at the stop is not a stop
+    assert verdict(100.0, retain=2.3) == "overshoot"
+    assert verdict(math.nan) == "explode" and verdict(1.0, retain=math.inf) == "explode"
+    # no retained report: the utility check cannot be made, the forget checks still are
+    assert rectify_verdict(1.0, 12.0, None, None, 0.5) == "go"
+    assert rectify_verdict(40.0, 12.0, None, None, 0.5) == "overshoot"
+    assert rectify_verdict(40.0, math.inf, None, None, 0.5) == "go"  # lethe-stop-loss=inf never overshoots
+
+
+def test_scale_update_only_shortens():
+    update = {"w": torch.ones(3)}
+    assert torch.equal(scale_update(update, 0.25)["w"], torch.full((3,), 0.25))
+    with pytest.raises(ValueError, match="factor must be in"):
+        scale_update(update, 2.0)
+
+
+class ScriptedLethe(Lethe):
+    """Lethe whose streams come from a script of (forget loss, retained loss) per exchange."""
+
+    def __init__(self, script, forget_delta=-1.0):
+        super().__init__()
+        self.script, self.forget_delta, self.calls = list(script), forget_delta, []
+
+    def _streams(self, ctx, state, plugins, *, round_no, stop_loss=None, **config):
+        forget_loss, retain_loss = self.script.pop(0)
+        self.calls.append((round_no, float(state["lin.weight"].flatten()[0])))
+        def view(delta, loss, node, n):
+            arrays = ArrayRecord({k: v + delta for k, v in state.items()})
+            return {"arrays": arrays, "metrics": {"num-examples": n, "loss": loss, "loss-before": forget_loss},
+                    "node": node}
+
+        # anti-aligned streams: eq. 10 applies -forget on every weight, the clip keeps it at |retain| = 1
+        forget_views = [view(self.forget_delta, forget_loss, 1, 10)]
+        retain_views = [view(1.0, retain_loss, 2, 30), view(1.0, retain_loss, 3, 30)]
+        return forget_views, retain_views, forget_loss
+
+
+class Linear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+
+def rectify(script, rounds=5, forget_delta=-1.0, start=0.0, **overrides):
+    cfg = parse_config({"method": "lethe", "scenario": "client", "lethe-rectify-rounds": rounds,
+                        "lethe-step-clip": 1.0, **overrides})
+    fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
+    fed.start_phase("unlearn")
+    ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
+    lethe = ScriptedLethe(script, forget_delta)
+    state = {"lin.weight": torch.full((2, 2), start), "lin.bias": torch.full((2,), start)}
+    final, history, guard = lethe.rectify_rounds(ctx, state, [])
+    return final["lin.weight"][0, 0].item(), history, guard, lethe, fed.cost("unlearn").rounds
+
+
+def test_normal_stop_keeps_every_step():
+    weight, history, guard, _, rounds = rectify([(1.0, 0.2), (5.0, 0.2), (15.0, 0.2)])
+    assert weight == 2.0 and history[-1]["stopped"] is True and guard["action"] == "none"
+    assert rounds == 3 and guard["baseline_retain_loss"] == pytest.approx(0.2)
+
+
+def test_overshoot_shortens_the_last_step_until_it_is_checked_ok():
+    # round 3 reports 100 nats (> 3 x 12): round 2's step is halved, the half reports 20 nats -> kept
+    weight, history, guard, lethe, rounds = rectify([(1.0, 0.2), (5.0, 0.2), (100.0, 0.2), (20.0, 0.2)])
+    assert weight == 1.5
+    assert guard == {"round": 2, "verdict": "overshoot", "action": "shrunk", "factor": 0.5, "forget_loss": 20.0,
+                     "retain_loss": pytest.approx(0.2), "baseline_retain_loss": pytest.approx(0.2)}
+    assert history[-1]["verdict"] == "overshoot" and rounds == 4
+    assert lethe.calls[-1][1] == 1.5  # the shortened model is what was checked
+
+
+def test_overshoot_that_no_halving_fixes_is_rolled_back():
+    weight, _, guard, _, rounds = rectify([(1.0, 0.2), (5.0, 0.2), (2e3, 0.2), (900.0, 0.2), (300.0, 0.2),
+                                           (80.0, 0.2)])
+    assert weight == 1.0 and guard["action"] == "rolled-back" and guard["round"] == 2 and rounds == 6
+
+
+def test_lost_retained_utility_rolls_the_step_back():
+    # retained loss 0.2 on the start, 0.9 after round 1's step (+0.7 > lethe-max-retain-rise 0.5)
+    weight, history, guard, _, _ = rectify([(1.0, 0.2), (2.0, 0.9)])
+    assert weight == 0.0 and guard["action"] == "rolled-back" and guard["verdict"] == "utility"
+    assert history[-1]["verdict"] == "utility"
+    # the same at the stop round: a model that reached the stop by dying is not accepted
+    weight, _, guard, _, _ = rectify([(1.0, 0.2), (5.0, 0.2), (15.0, 2.3)])
+    assert weight == 1.0 and guard["verdict"] == "utility"
+    # a looser bound accepts it
+    weight, _, guard, _, _ = rectify([(1.0, 0.2), (5.0, 0.2), (15.0, 2.3)], **{"lethe-max-retain-rise": 3.0})
+    assert weight == 2.0 and guard["action"] == "none"
+
+
+def test_non_finite_report_is_repaired_not_applied():
+    # round 2 reports NaN: round 1's step x 0.5 still reports NaN, x 0.25 reports 8 nats -> kept
+    weight, _, guard, _, _ = rectify([(1.0, 0.2), (math.nan, 0.2), (math.nan, 0.2), (8.0, 0.2)])
+    assert weight == 0.25 and guard["verdict"] == "explode" and guard["factor"] == 0.25
+
+
+def test_a_step_that_would_be_non_finite_is_never_applied():
+    # unclipped, the step -forget = +2e38 takes a weight of 2e38 past float32's largest value
+    weight, history, guard, _, _ = rectify([(1.0, 0.2)], forget_delta=-2e38, start=2e38, **{"lethe-step-clip": 0.0})
+    assert weight == pytest.approx(2e38) and guard["action"] == "refused" and history[-1]["verdict"] == "explode"
+
+
+def test_non_finite_streams_on_the_starting_model_stop_clearly():
+    with pytest.raises(RunStopped, match="phase 'unlearn' round 1 \\(method 'lethe'\\)"):
+        rectify([(math.nan, 0.2)])
+
+
+def test_round_cap_leaves_the_last_step_for_restore_to_check():
+    weight, _, guard, _, rounds = rectify([(1.0, 0.2), (2.0, 0.2)], rounds=2)
+    assert weight == 2.0 and rounds == 2
+    start, _, _, step_round = guard["unchecked"]
+    assert step_round == 2 and start["lin.weight"][0, 0].item() == 1.0
+
+
+def test_restore_rolls_back_an_unchecked_last_step_that_overshot():
+    """The round cap ended rectification: restore's first round reports the forget loss of the last
+    step's model; past 3x the stop it is rolled back and the round is run again from the model before."""
+    cfg = parse_config({"method": "lethe", "scenario": "client", "lethe-rectify-rounds": 2,
+                        "lethe-restore-rounds": 1})
+    fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
+    fed.start_phase("unlearn")
+    ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
+
+    def run(script):
+        lethe, guard = ScriptedLethe(script), {"action": "none"}
+        state = {"lin.weight": torch.full((2, 2), 2.0), "lin.bias": torch.full((2,), 2.0)}
+        fallback = {k: torch.ones_like(v) for k, v in state.items()}
+        final = lethe.restore_rounds(ctx, state, fallback=fallback, guard=guard)
+        return final["lin.weight"][0, 0].item(), guard, lethe.calls
+
+    weight, guard, calls = run([(100.0, 0.2), (5.0, 0.2)])
+    assert weight == 2.0 and guard["action"] == "rolled-back" and guard["round"] == 2
+    assert [w for _, w in calls] == [2.0, 1.0]  # checked the last step's model, then trained from the one before
+    weight, guard, calls = run([(20.0, 0.2)])
+    assert weight == 3.0 and guard == {"action": "none"} and len(calls) == 1
+
+
+def test_a_restore_round_that_would_be_non_finite_is_not_applied():
+    cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 3})
+    fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
+    fed.start_phase("unlearn")
+    ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
+
+    class Exploding(ScriptedLethe):
+        def _streams(self, ctx, state, plugins, **kwargs):
+            forget_views, retain_views, loss = super()._streams(ctx, state, plugins, **kwargs)
+            if len(self.calls) == 2:  # the second restore round's retain stream overflows float32
+                for view in retain_views:
+                    view["arrays"] = ArrayRecord({k: v + 3e38 for k, v in state.items()})
+            return forget_views, retain_views, loss
+
+    guard = {"action": "none"}
+    state = {"lin.weight": torch.full((2, 2), 1e38), "lin.bias": torch.full((2,), 1e38)}
+    final = Exploding([(1.0, 0.2)] * 3).restore_rounds(ctx, state, guard=guard)
+    assert final["lin.weight"][0, 0].item() == pytest.approx(1e38 + 1.0)  # round 1 applied, round 2 refused
+    assert guard["restore_refused_round"] == 2
+
+
+def test_a_restore_step_that_costs_retained_utility_is_rolled_back():
+    """Restore round 3's retained clients report 2.4 nats against 0.2 in round 1: round 2's step
+    broke utility, so it is undone and restore stops (the model after round 1 is kept)."""
+    cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 4})
+    fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
+    fed.start_phase("unlearn")
+    ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
+    guard = {"action": "none"}
+    state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
+    lethe = ScriptedLethe([(1.0, 0.2), (1.0, 0.6), (1.0, 2.4), (1.0, 0.2)])
+    final = lethe.restore_rounds(ctx, state, guard=guard)
+    assert final["lin.weight"][0, 0].item() == 1.0 and guard["restore_rolled_back_round"] == 2
+    assert len(lethe.calls) == 3
+

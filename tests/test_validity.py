@@ -1,0 +1,224 @@
+"""No non-finite or degenerate model is scored silently: the pure checks (``tasks.validity``), the
+phase check after every aggregation (``run_rounds``), and a continued training that diverges,
+end to end in process (its curve ends at the round, CT-KR and RR are null and flagged)."""
+
+import csv
+import json
+import math
+import os
+
+import pytest
+import torch
+from flwr.app import ArrayRecord
+
+from server_app.experiment import Experiment
+from server_app.inprocess import InProcessGrid
+from strategies.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite
+from strategies.federation import Federation
+from tasks.validity import nonfinite_tensors, validity
+
+GOOD_ORIGINAL = {"test_acc": 0.93, "forget_acc": 0.66}
+RETRAIN = {"test_acc": 0.95, "forget_acc": 0.07}
+
+
+def test_nonfinite_tensors_names_float_tensors_with_nan_or_inf():
+    state = {"a": torch.ones(2), "b": torch.tensor([1.0, math.nan]), "c": torch.tensor([math.inf]),
+             "n": torch.tensor([3])}
+    assert nonfinite_tensors(state) == ["b", "c"]
+    assert nonfinite_tensors({"a": torch.zeros(3)}) == []
+
+
+def test_a_healthy_run_passes_every_check():
+    block = validity(original=GOOD_ORIGINAL, unlearned={"test_acc": 0.94}, retrain=RETRAIN, num_classes=10)
+    assert block["failed"] == [] and block["reasons"] == [] and block["original_valid"] is True
+    assert all(block["checks"].values())
+
+
+@pytest.mark.parametrize("original, failed", [
+    ({"test_acc": 0.081, "forget_acc": 0.0}, ["original_usable", "original_learned"]),  # the issue's dead original
+    ({"test_acc": 0.41, "forget_acc": 0.9}, ["original_usable"]),  # below 0.5
+    ({"test_acc": 0.80, "forget_acc": 0.9}, ["original_usable"]),  # > 0.10 below retrain's 0.95
+    ({"test_acc": 0.93, "forget_acc": 0.2}, ["original_learned"]),  # 0.13 above retrain's KR, not 0.2
+])
+def test_a_degenerate_original_is_flagged_with_a_reason_per_check(original, failed):
+    block = validity(original=original, unlearned={"test_acc": 0.94}, retrain=RETRAIN, num_classes=10)
+    assert block["failed"] == failed and block["original_valid"] is False
+    assert len(block["reasons"]) == len(failed) and all("\n" not in r for r in block["reasons"])
+
+
+def test_a_collapsed_retrain_reference_invalidates_the_cell():
+    block = validity(original=GOOD_ORIGINAL, unlearned={"test_acc": 0.91}, retrain={"test_acc": 0.111, "forget_acc": 0.0},
+                     num_classes=10)
+    assert block["failed"] == ["retrain_usable"] and block["original_valid"] is False
+
+
+def test_chance_bound_is_twice_chance_when_that_is_higher():
+    # 3 classes: 2/3 > 0.5, so 0.6 is not usable there although it is for 10 classes
+    three = validity(original={"test_acc": 0.6, "forget_acc": 0.9}, unlearned=None,
+                     retrain={"test_acc": 0.62, "forget_acc": 0.0}, num_classes=3)
+    ten = validity(original={"test_acc": 0.6, "forget_acc": 0.9}, unlearned=None,
+                   retrain={"test_acc": 0.62, "forget_acc": 0.0}, num_classes=10)
+    assert "original_usable" in three["failed"] and ten["failed"] == []
+    assert three["bounds"]["original_min_acc"] == pytest.approx(2 / 3)
+
+
+def test_method_outcome_checks_do_not_invalidate_the_cell():
+    block = validity(original=GOOD_ORIGINAL, unlearned={"test_acc": 0.112}, retrain=RETRAIN, num_classes=10,
+                     diverged_at_round=3)
+    assert block["failed"] == ["unlearned_utility", "continued_finite"] and block["original_valid"] is True
+    assert "round 3" in block["reasons"][1]
+    nan_model = validity(original=GOOD_ORIGINAL, unlearned={"test_acc": math.nan}, retrain=RETRAIN, num_classes=10)
+    assert nan_model["failed"] == ["unlearned_utility"]
+    broken = validity(original={"test_acc": math.nan, "forget_acc": math.nan}, unlearned=None, retrain=RETRAIN,
+                      num_classes=10, original_finite=False)
+    assert broken["failed"][:1] == ["original_finite"] and not broken["original_valid"]
+
+
+def test_llm_entries_use_utility_and_no_chance_bound():
+    block = validity(original={"test_acc": math.nan, "utility": 0.4, "forget_acc": 0.9}, unlearned={"utility": 0.38},
+                     retrain={"test_acc": math.nan, "utility": 0.42, "forget_acc": 0.1}, num_classes=0)
+    assert block["failed"] == [] and block["bounds"]["original_min_acc"] is None
+    forgot_nothing = validity(original={"utility": 0.4, "forget_acc": 0.2}, unlearned=None,
+                              retrain={"utility": 0.42, "forget_acc": 0.1}, num_classes=0)
+    assert forgot_nothing["failed"] == ["original_learned"]
+
+
+def test_require_finite_names_phase_round_and_method():
+    good = ArrayRecord({"w": torch.ones(2)})
+    require_finite(good, phase="continue", round_no=1, method="fedup")
+    with pytest.raises(ModelDiverged, match=r"phase 'continue' round 3 \(method 'fedup'\): .*'w'") as info:
+        require_finite(ArrayRecord({"w": torch.tensor([math.nan, 1.0])}), phase="continue", round_no=3,
+                       method="fedup", last_finite=good)
+    assert info.value.round_no == 3 and info.value.last_finite is good
+
+
+TINY = {"pretrain-rounds": 2, "continue-rounds": 3, "local-epochs": 1, "mia-max-samples": 30,
+        "diagnostic-samples": 0}
+
+
+def run(tmp_path, **overrides):
+    config = {**TINY, "cache-dir": str(tmp_path / "cache"), "outputs-dir": str(tmp_path / "out"), **overrides}
+    fed = Federation(InProcessGrid(3, config), round_timeout=60, min_reply_fraction=0.5)
+    folder = Experiment(fed, config).run()
+    with open(os.path.join(folder, "results.json")) as handle:
+        return json.load(handle)
+
+
+def test_a_non_finite_pretraining_stops_naming_the_phase_and_is_not_cached(tmp_path):
+    with pytest.raises(ModelDiverged, match=r"phase 'pretrain' round 1 \(method 'none'\): the model has non-finite"):
+        run(tmp_path, method="none", lr=1e30)
+    assert not list((tmp_path / "cache").glob("*.pt")) if (tmp_path / "cache").exists() else True
+
+
+def test_diverged_continued_training_ends_the_curve_and_is_flagged(tmp_path, monkeypatch, caplog):
+    """Round 2 of continued training aggregates to NaN: the KR curve holds round 1 only, CT-KR and RR
+    are null, results.json marks the round and the CSV's validity column names the failed check."""
+    original = RoleFedAvg.aggregate_train
+
+    def poisoned(self, server_round, replies):
+        arrays, metrics = original(self, server_round, replies)
+        if self.fed.phase == "continue" and server_round == 2:
+            arrays = ArrayRecord({k: torch.full_like(v, math.nan) if v.is_floating_point() else v
+                                  for k, v in arrays.to_torch_state_dict().items()})
+        return arrays, metrics
+
+    monkeypatch.setattr(RoleFedAvg, "aggregate_train", poisoned)
+    results = run(tmp_path, method="none", scenario="class")
+    res = results["resurfacing"]
+    assert res["diverged_at_round"] == 2 and len(res["kr_curve"]) == 1
+    assert res["ct_kr"] is None and res["rr"] is None
+    assert results["models"]["continued"] == {"diverged_at_round": 2}
+    assert "continued_finite" in results["validity"]["failed"]
+    assert "validity: phase 'continue' round 2 (method 'none')" in caplog.text
+    with open(tmp_path / "out" / "results.csv", newline="") as handle:
+        row = next(csv.DictReader(handle))
+    assert "continued_finite" in row["validity_failed"]
+    assert row["ct_kr"] in ("", "nan") and row["rr"] in ("", "nan")  # no number from the dead model
+
+
+def _grid_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "robustness_grid.py"
+    spec = importlib.util.spec_from_file_location("robustness_grid", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_grid_shapes_parse_and_reject_bad_input():
+    grid = _grid_module()
+    assert grid.parse_shapes("10:0.5,7:0.1") == [(10, 0.5), (7, 0.1)]
+    for bad in ("10", "1:0.5", "7:0", "x:0.1"):
+        with pytest.raises(SystemExit, match="--shapes"):
+            grid.parse_shapes(bad)
+
+
+def _fake_results(test_acc, forget_acc, retain_acc, ct_kr, valid=True, diverged=None):
+    block = validity(original={"test_acc": 0.95 if valid else 0.08, "forget_acc": 0.9 if valid else 0.0},
+                     unlearned={"test_acc": test_acc}, retrain=RETRAIN, num_classes=10, diverged_at_round=diverged)
+    resurfacing = {"ct_kr": None if diverged else ct_kr, "rr": None if diverged else 0.0, "kr_retrain": 0.07}
+    if diverged:
+        resurfacing["diverged_at_round"] = diverged
+    return {"models": {"unlearned": {"test_acc": test_acc, "forget_acc": forget_acc, "retain_acc": retain_acc}},
+            "resurfacing": resurfacing, "validity": block}
+
+
+def test_grid_cell_judges_bars_flags_invalid_originals_and_survives_a_crash(tmp_path, monkeypatch):
+    grid = _grid_module()
+    outcomes = {}
+
+    def fake_run(config, clients):
+        outcome = outcomes[config["method"]]
+        if isinstance(outcome, Exception):
+            raise outcome
+        folder = tmp_path / f"{config['method']}-{config['seed']}-{len(os.listdir(tmp_path))}"
+        folder.mkdir()
+        (folder / "results.json").write_text(json.dumps(outcome))
+        return str(folder)
+
+    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+    outcomes.update(retrain=_fake_results(0.95, 0.0, 0.99, 0.0), fedup=_fake_results(0.95, 0.01, 0.98, 0.0),
+                    lethe=_fake_results(0.90, 0.02, 0.97, 0.0, diverged=4))
+    rows = {r["method"]: r for r in grid.run_cell(11, 7, 0.1, "class", ["retrain", "fedup", "lethe"], {})}
+    assert rows["fedup"]["holds"] is True
+    assert rows["lethe"]["holds"] is False and rows["lethe"]["ct_kr"] == "diverged@4" and rows["lethe"]["rr"] is None
+    assert "continued_finite" in rows["lethe"]["validity"] and rows["lethe"]["lethe_kr_ok"] is False
+
+    outcomes.update(retrain=_fake_results(0.95, 0.0, 0.99, 0.0, valid=False), fedup=RuntimeError("boom\nsecond line"),
+                    lethe=_fake_results(0.95, 0.0, 0.99, 0.0, valid=False))
+    rows = {r["method"]: r for r in grid.run_cell(12, 7, 0.1, "class", ["retrain", "fedup", "lethe"], {})}
+    assert rows["fedup"]["error"] == "RuntimeError: boom second line" and rows["fedup"]["holds"] is False
+    assert rows["lethe"]["bar"].startswith("flagged") and rows["lethe"]["test_acc"] is None
+    assert "original_usable" in rows["lethe"]["validity"]
+    lines = grid.totals(list(rows.values()))
+    assert lines[-1] == "runs that failed: 1; cells flagged (original invalid): 1"
+
+
+def test_backdoor_client_pretrains_on_clean_copies_and_label_flip_on_poison_epochs():
+    """The client scenario's poisoning keeps the original usable: a backdoor client trains its
+    triggered samples together with clean copies (true labels) at the federation's epochs; only a
+    label-flip client runs poison-epochs, and only while the original is trained."""
+    from tasks.config import parse_config
+    from tasks.registry import load_task_images
+    from tasks.requests import build_client_data
+
+    images = load_task_images("digits-lenet5", "", False)
+    backdoor = parse_config({"scenario": "client", "poison": "backdoor", "forget-client": 2}, num_clients=5)
+    leaving, other = build_client_data(backdoor, images, 2, 5), build_client_data(backdoor, images, 0, 5)
+    assert len(leaving.pretrain_only_y) == len(leaving.forget_y) > 0 and len(other.pretrain_only_y) == 0
+    assert torch.all(leaving.forget_y == 0) and not torch.all(leaving.pretrain_only_y == 0)
+    assert not torch.equal(leaving.pretrain_only_x, leaving.forget_x)  # clean, not triggered
+    x, y = leaving.split("all")
+    assert len(y) == 2 * len(leaving.forget_y) and torch.equal(leaving.split("forget")[1], leaving.forget_y)
+    assert leaving.local_epochs("all", backdoor, 3) == 3
+    flip = parse_config({"scenario": "client", "poison": "label-flip", "forget-client": 2, "poison-epochs": 15},
+                        num_clients=5)
+    flipped = build_client_data(flip, images, 2, 5)
+    assert len(flipped.pretrain_only_y) == 0
+    assert flipped.local_epochs("all", flip, 3) == 15 and flipped.local_epochs("forget", flip, 3) == 3
+    assert build_client_data(flip, images, 0, 5).local_epochs("all", flip, 3) == 3
+    no_boost = parse_config({"scenario": "client", "poison": "label-flip", "forget-client": 2, "poison-epochs": 0},
+                            num_clients=5)
+    assert flipped.local_epochs("all", no_boost, 3) == 3

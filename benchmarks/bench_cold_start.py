@@ -5,9 +5,8 @@ once per message on a real SuperNode. Each variant runs in a fresh Python proces
 in one run, ``--repeats`` times (median shown):
 
 - ``torch+flwr``: importing torch and flwr alone (the floor);
-- ``before``: what the ClientApp did before: the LLM stack (transformers, peft, via
-  ``client_app.llm_client``) imported with ``client_app.app``, and the data view rebuilt from the
-  pool (an empty node cache);
+- ``before``: what the ClientApp did before: the LLM stack (transformers, peft) imported with
+  ``client_app.app``, and the data view rebuilt from the pool (an empty node cache);
 - ``now, first message``: lazy imports, the view built and stored in the node cache;
 - ``now, later messages``: lazy imports, the view read from the node cache (every message after
   a node's first);
@@ -34,7 +33,7 @@ FLOOR = "import time, torch, flwr.app, flwr.clientapp; print(time.time())"
 HELLO = r"""
 import sys, time
 if sys.argv[1] == "eager-llm":
-    import client_app.llm_client  # what client_app.app imported at module import before
+    import strategies.firm.client, tasks.llm.federation_model  # the LLM stack client_app.app imported eagerly before
 import client_app.app
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity

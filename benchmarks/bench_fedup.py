@@ -8,7 +8,7 @@ same amount of client work. Retrain's cost is what building the oracle cost (``c
     python benchmarks/bench_fedup.py                       # digits-lenet5, 10 clients, 3 scenarios
     python benchmarks/bench_fedup.py --heavy               # + cifar10-resnet18 on random CIFAR files
 
-``--filter-only`` times just the server-side filter training (``tasks.fedup_filter.train_filter``) on
+``--filter-only`` times just the server-side filter training (``strategies.fedup.filter.train_filter``) on
 synthetic centroids of a task's size, with the task's real head, on each device of ``--device``
 (side by side; no federation, no Flower). ``--filter-epochs`` shortens it; the table also
 extrapolates to the run's ``fedup-epochs``:
@@ -88,9 +88,9 @@ def synthetic_centroids(num: int, dim: int, classes: int, seed: int) -> tuple[to
 
 def bench_filter(presets: list[str], devices: list[str], epochs: int, seed: int) -> None:
     """Filter training time per device on each preset (run config defaults for the filter settings)."""
-    from tasks.centroids import divert_targets
+    from strategies.fedup.centroids import divert_targets
     from tasks.config import parse_config
-    from tasks.fedup_filter import FedUPFilter, train_filter
+    from strategies.fedup.filter import FedUPFilter, train_filter
     from tasks.vision.models import build_vision_model
 
     cfg = parse_config({})

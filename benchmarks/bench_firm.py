@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from strategies.firm_math import firm_merge, firm_project_all, proxy_damage  # noqa: E402
+from strategies.firm.maths import firm_merge, firm_project_all, proxy_damage  # noqa: E402
 
 FULL_SHAPE = (14336, 4096)
 QUICK_SHAPE = (1024, 256)
@@ -104,7 +104,7 @@ def bench_merge_and_projection(args, device: torch.device, clock) -> None:
 
 def bench_fisher(args, device: torch.device, clock) -> None:
     """Fisher time per batch (one sequence = one Fisher batch, paper App. C) on the tiny model."""
-    from tasks.llm.fisher import diagonal_fisher, per_sample_fisher_loop
+    from strategies.firm.fisher import diagonal_fisher, per_sample_fisher_loop
     from tasks.llm.model import build_llm
     from tasks.llm.synthetic import fictitious_authors
     from tasks.llm.train import qa_batches

@@ -4,7 +4,7 @@ Offline default (tiny model, synthetic authors; minutes on a CPU):
 
 1. pretrain: the tiny Llama learns every author (LoRA fine-tune with ``tasks.llm.train.finetune``);
    the adapter is merged into the base weights, which are the *reference* model all clients receive;
-2. release: every client attaches a fresh LoRA adapter and calls ``tasks.llm.firm_client.firm_release``
+2. release: every client attaches a fresh LoRA adapter and calls ``strategies.firm.client.firm_release``
    once: forget clients (one author each, own domain) with gradient ascent, retain clients (the other
    authors) with cross-entropy; uploads are cached in ``OUT/uploads.pt`` (reused when the settings match);
 3. sweep, without retraining: FIRM-base (epsilon = inf) over ``--gammas`` (and FIRM-QP with a finite
@@ -36,9 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from peft import LoraConfig, get_peft_model  # noqa: E402
 
-from strategies.firm import FIRM, merge_baseline  # noqa: E402
-from tasks.llm.firm_client import firm_release  # noqa: E402
-from tasks.llm.fisher import lora_state  # noqa: E402
+from strategies.firm.aggregate import FIRM  # noqa: E402
+from strategies.merges.merge import merge_baseline  # noqa: E402
+from strategies.firm.client import firm_release  # noqa: E402
+from strategies.firm.fisher import lora_state  # noqa: E402
 from tasks.llm.metrics import evaluate_llm  # noqa: E402
 from tasks.llm.model import LLAMA_TARGET_MODULES, build_llm  # noqa: E402
 from tasks.llm.synthetic import fictitious_authors  # noqa: E402

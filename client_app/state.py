@@ -1,4 +1,4 @@
-"""Per-process client state: the parsed config, this client's data view, and model loading.
+"""Per-process client state: the parsed config, this client's data view (built by the run's task), models.
 
 A node's data is either a partition of the shared pool (node config ``partition-id`` and
 ``num-partitions``) or its own files (node config ``data-path``, with ``partition-id`` as its client
@@ -12,15 +12,11 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-import torch
 from flwr.app import ArrayRecord, Context
 
-from client_app.view_cache import cache_folder, cached_view, file_fingerprint, pool_fingerprint, view_key
+from client_app.view_cache import cache_folder, cached_view
 from tasks.config import Config, parse_config
 from tasks.plugins import specs_from_json
-from tasks.registry import build_model, load_task_images
-from tasks.requests import ClientData, build_client_data
-from tasks.training import device_for
 
 
 def _int(node: dict, key: str) -> int:
@@ -41,11 +37,6 @@ def _partition(node: dict) -> tuple[int, int]:
     return pid, n
 
 
-def _node_partition(context: Context) -> tuple[int, int]:
-    """(partition id, number of partitions) of a node over the shared pool, checked."""
-    return _partition(context.node_config)
-
-
 def _own_data_id(node: dict) -> int:
     if "partition-id" not in node or _int(node, "partition-id") < 0:
         raise ValueError("node config 'data-path' needs 'partition-id' too (this node's client id, >= 0, "
@@ -53,32 +44,28 @@ def _own_data_id(node: dict) -> int:
     return _int(node, "partition-id")
 
 
-@lru_cache(maxsize=4)
-def _view(frozen_config: tuple, frozen_node: tuple) -> tuple[Config, ClientData]:
-    run, node = dict(frozen_config), dict(frozen_node)
+def _source(node: dict) -> dict:
+    """Where this node's data comes from, checked: ``partition-id`` + ``num-partitions`` of the shared
+    pool, or its own ``data-path`` (with ``partition-id`` as its client id)."""
     if "data-path" in node:
-        from tasks.node_data import build_own_client_data, split_files
-
-        pid = _own_data_id(node)
-        cfg = parse_config(run)
         path = os.path.abspath(os.path.expanduser(str(node["data-path"])))
-        key = view_key(cfg, {"data-path": path, "partition-id": pid}, file_fingerprint(split_files(path)))
-        return cfg, cached_view(cache_folder(node), key, lambda: build_own_client_data(cfg, path, pid))
+        return {"data-path": path, "partition-id": _own_data_id(node)}
     pid, n = _partition(node)
-    cfg = parse_config(run, num_clients=n)
-    key = view_key(cfg, {"partition-id": pid, "num-partitions": n}, pool_fingerprint(cfg))
-
-    def build() -> ClientData:
-        images = load_task_images(cfg["task"], cfg["data-dir"], cfg["download"])
-        return build_client_data(cfg, images, pid, n)
-
-    return cfg, cached_view(cache_folder(node), key, build)
+    return {"partition-id": pid, "num-partitions": n}
 
 
-def client_view(context: Context) -> tuple[Config, ClientData, torch.device]:
-    """(config, this client's data, compute device) for the current run."""
-    cfg, data = _view(tuple(sorted(context.run_config.items())), tuple(sorted(context.node_config.items())))
-    return cfg, data, device_for()
+@lru_cache(maxsize=4)
+def _view(frozen_config: tuple, frozen_node: tuple):
+    run, node = dict(frozen_config), dict(frozen_node)
+    source = _source(node)
+    cfg = parse_config(run, num_clients=source.get("num-partitions"))
+    key, build = cfg.task.client_view(cfg, source)
+    return cfg, (cached_view(cache_folder(node), key, build) if key is not None else build())
+
+
+def client_view(context: Context):
+    """(config, this client's data view) for the current run."""
+    return _view(tuple(sorted(context.run_config.items())), tuple(sorted(context.node_config.items())))
 
 
 def round_seed(cfg: Config, conf, client_id: int) -> int:
@@ -87,8 +74,6 @@ def round_seed(cfg: Config, conf, client_id: int) -> int:
     return cfg["seed"] * 1_000_003 + int(conf.get("server-round", 0)) * 1009 + client_id
 
 
-def load_model(cfg: Config, arrays: ArrayRecord, plugins_json: str) -> torch.nn.Module:
+def load_model(cfg: Config, arrays: ArrayRecord, plugins_json: str):
     """The task's model with the given plug-ins, loaded with the received weights."""
-    model = build_model(cfg["task"], specs_from_json(plugins_json), seed=cfg["seed"])
-    model.load_state_dict(arrays.to_torch_state_dict())
-    return model
+    return cfg.task.client_model(cfg, arrays.to_torch_state_dict(), specs_from_json(plugins_json))

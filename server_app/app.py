@@ -10,7 +10,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from server_app.experiment import Experiment
-from strategies.federation import Federation, RunStopped
+from strategies.common.federation import Federation, RunStopped
 from tasks.config import ConfigError, parse_config
 
 log = logging.getLogger("fedunlearn")

@@ -26,7 +26,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from server_app.atomic import atomic_path, locked, write_text
-from tasks.config import LLM_TASKS, Config
+from tasks.config import Config
 
 log = logging.getLogger("fedunlearn")
 
@@ -41,19 +41,9 @@ REQUEST_KEYS = {
 
 
 def data_fingerprint(cfg: Config) -> str:
-    """sha256 identity of the training data this run reads (the same files the clients read).
-
-    Vision: the fingerprint ``tasks.vision.load_images`` computes of the arrays it loaded. LLM: a
-    sha256 of the loaded QA records. Raises the loaders' own one-line errors (missing or bad files).
-    """
-    if cfg["task"] in LLM_TASKS:
-        from tasks.llm.federation_data import load_author_records
-
-        text = json.dumps(load_author_records(cfg), sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()
-    from tasks.registry import load_task_images
-
-    return load_task_images(cfg["task"], cfg["data-dir"], cfg["download"]).fingerprint
+    """sha256 identity of the training data this run reads (the same files the clients read): the
+    task's ``data_fingerprint``. Raises the loaders' own one-line errors (missing or bad files)."""
+    return cfg.task.data_fingerprint(cfg)
 
 
 def model_key(kind: str, cfg: Config, federation: list[dict], data: str) -> dict:

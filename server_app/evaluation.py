@@ -7,19 +7,17 @@ import time
 import torch
 from flwr.app import ConfigRecord, RecordDict
 
-from strategies.base import ModelState
-from strategies.federation import Federation
-from tasks.config import LLM_TASKS, Config
-from tasks.metrics import pool_metrics
+from strategies.common.base import ModelState
+from strategies.common.federation import Federation
+from tasks.config import Config
 from tasks.plugins import specs_to_json
-from tasks.requests import uses_trigger
 
 EVALUATE_PHASE = "evaluate"
 
 
 def evaluate_model(fed: Federation, cfg: Config, model: ModelState, features: dict | None = None) -> dict:
-    """The results-contract entry (retain_acc, forget_acc, test_acc, mia, extras) of ``model``
-    (LLM tasks: ``tasks.llm.federation_metrics.pool_llm_metrics``).
+    """The results-contract entry (retain_acc, forget_acc, test_acc, mia, extras) of ``model``, pooled
+    by the task (``Task.pool_metrics``).
 
     With a ``features`` dict, vision clients also send a sample of penultimate features, pooled
     into ``features["retain"]`` and ``features["forget"]`` (for FD and the PCA plot). Bytes and
@@ -39,12 +37,7 @@ def evaluate_model(fed: Federation, cfg: Config, model: ModelState, features: di
             for name in ("retain", "forget"):
                 parts = [r.content["features"].to_torch_state_dict()[name] for r in replies if "features" in r.content]
                 features[name] = torch.cat(parts) if parts else torch.zeros(0)
-        if cfg["task"] in LLM_TASKS:
-            from tasks.llm.federation_metrics import pool_llm_metrics
-
-            return pool_llm_metrics(per_client)
-        return pool_metrics(per_client, seed=cfg["seed"], with_trigger=uses_trigger(cfg),
-                            with_forget_test=cfg["scenario"] == "class")
+        return cfg.task.pool_metrics(cfg, per_client)
     finally:
         cost.seconds += time.perf_counter() - started
         fed.start_phase(previous)

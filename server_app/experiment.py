@@ -1,7 +1,7 @@
 """One run = phases: hello -> pretrain -> unlearn -> evaluate -> continue -> restore -> report.
 
 This module orchestrates and records; every method's internals live behind
-``strategies.base.UnlearningMethod``.
+``strategies.common.base.UnlearningMethod``.
 """
 
 from __future__ import annotations
@@ -18,16 +18,13 @@ from server_app import cache
 from server_app.atomic import folder_problem
 from server_app.evaluation import evaluate_model
 from server_app.report import append_csv, package_versions, plot_kr_curve, run_folder, write_results
-from strategies.base import ModelState, UnlearnContext
-from strategies.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds
-from strategies.federation import Federation
+from strategies.common.base import ModelState, UnlearnContext
+from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds
+from strategies.common.federation import Federation
 from strategies.registry import method_for
-from tasks.config import LLM_TASKS, Config, ConfigError, inapplicable_settings, parse_config
+from tasks.config import Config, ConfigError, inapplicable_settings, parse_config
 from tasks.diagnostics import forgetting_dispersion, pca_scatter_png, resurfacing_summary, rollback_tendency
-from tasks.llm.forget_quality import attach_forget_quality
 from tasks.plugins import specs_to_json
-from tasks.partition import PartitionError, dirichlet_partitions
-from tasks.registry import build_task_model, check_task_setup, load_task_images, task_cache_key
 from tasks.validity import validity
 
 log = logging.getLogger("fedunlearn")
@@ -58,12 +55,16 @@ class Experiment:
             problem = folder_problem(folder)
             if problem:
                 raise ConfigError(f"run-config '{key}': {problem}; it must be a writable folder")
+        if self.cfg.presets:
+            self.say("presets of method '%s' on task '%s'%s: %s" % (
+                self.cfg["method"], self.cfg["task"], " (smoke run)" if self.cfg["smoke"] else "",
+                ", ".join(f"{k}={v!r}" for k, v in self.cfg.presets.items())))
         unused = inapplicable_settings(self.cfg)
         if unused:
             log.warning("run-config key(s) set but not used by task '%s' / method '%s', ignored: %s",
                         self.cfg["task"], self.cfg["method"], ", ".join(unused))
         num_nodes = len(list(self.fed.grid.get_node_ids()))
-        check_task_setup(self.cfg, num_nodes)
+        self.cfg.task.check_setup(self.cfg, num_nodes)
         self.data_id = self.identify_data(num_nodes)
         self.fed.hello(ConfigRecord({}))
         self.cfg = parse_config(self.run_config, num_clients=self.fed.num_clients)
@@ -84,7 +85,7 @@ class Experiment:
         Missing data stops the run too when every node runs on this machine (simulation); with
         SuperNodes elsewhere the server may well lack it: then the identity is None and the models
         are neither taken from nor written to the cache, since nothing identifies them."""
-        data_key = "llm-data-dir" if self.cfg["task"] in LLM_TASKS else "data-dir"
+        data_key = self.cfg.task.data_key
         try:
             fingerprint = cache.data_fingerprint(self.cfg)
         except FileNotFoundError as err:
@@ -94,12 +95,8 @@ class Experiment:
             return None
         except ValueError as err:
             raise ConfigError(f"run-config '{data_key}': {err}") from None
-        if self.cfg.num_classes and num_nodes >= 2 and self.fed.on_one_machine:
-            labels = load_task_images(self.cfg["task"], self.cfg["data-dir"], self.cfg["download"]).y.numpy()
-            try:
-                dirichlet_partitions(labels, num_nodes, self.cfg["dirichlet-alpha"], self.cfg["seed"])
-            except PartitionError as err:
-                raise ConfigError(f"run-config {err}") from None
+        if num_nodes >= 2 and self.fed.on_one_machine:
+            self.cfg.task.check_partition(self.cfg, num_nodes)
         return fingerprint
 
     def train_config(self, **extra) -> ConfigRecord:
@@ -115,7 +112,7 @@ class Experiment:
                           label=label, method=self.cfg["method"], after_round=after_round)
 
     def fresh_model(self) -> ArrayRecord:
-        return ArrayRecord(build_task_model(self.cfg, []).state_dict())
+        return ArrayRecord(self.cfg.task.server_model(self.cfg, []).state_dict())
 
     def cached_fedavg(self, kind: str, role: str, rounds: int) -> ModelState:
         """Original (role all) or retrain (role retain) model: from the cache, else trained and stored.
@@ -127,7 +124,7 @@ class Experiment:
         """
         federation = [{"client-id": n.client_id, **n.counts, **({"data-id": n.data_id} if n.data_id else {})}
                       for n in sorted(self.fed.nodes.values(), key=lambda n: n.client_id)]
-        key = {**cache.model_key(kind, self.cfg, federation, self.data_id), **task_cache_key(self.cfg)}
+        key = {**cache.model_key(kind, self.cfg, federation, self.data_id), **self.cfg.task.cache_key(self.cfg)}
         cost = self.fed.start_phase("pretrain" if kind == "original" else "retrain")
         started = time.perf_counter()
         cached = cache.load(self.cfg, key) if self.data_id else None
@@ -191,7 +188,7 @@ class Experiment:
         original = self.cached_fedavg("original", "all", self.cfg["pretrain-rounds"])
         require_finite(original.arrays, phase="pretrain", round_no=self.cfg["pretrain-rounds"], method="original")
         ctx = UnlearnContext(self.fed, self.cfg, original,
-                             model_factory=lambda plugins: build_task_model(self.cfg, plugins),
+                             model_factory=lambda plugins: self.cfg.task.server_model(self.cfg, plugins),
                              retrain=self.retrain)
 
         self.say(f"unlearn: method '{self.method.name}'")
@@ -200,9 +197,9 @@ class Experiment:
         result = self.method.unlearn(ctx)
         require_finite(result.model.arrays, phase="unlearn", round_no=cost.rounds, method=self.method.name)
         cost.seconds += time.perf_counter() - started
-        if self.method.name == "retrain":  # its unlearning cost is what building the oracle cost
+        if result.built:  # the unlearned model is a cached build: its unlearning cost is what building it cost
             cost.seconds, cost.rounds, cost.bytes_up, cost.bytes_down = (
-                self.built_cost["retrain"][k] for k in ("seconds", "rounds", "bytes_up", "bytes_down"))
+                self.built_cost[result.built][k] for k in ("seconds", "rounds", "bytes_up", "bytes_down"))
         self.say(f"unlearn done in {cost.seconds:.1f}s, {cost.bytes_up + cost.bytes_down} bytes")
 
         self.say("evaluate: original, unlearned and retrain models")
@@ -227,7 +224,7 @@ class Experiment:
             restored = self.method.restore(result.model, ctx)
             models["restored"] = evaluate_model(self.fed, self.cfg, restored)
             models["restored"]["equals_original"] = _same_model(restored, original)
-        attach_forget_quality(list(models.values()), retrain_entry)  # LLM task only
+        self.cfg.task.finish_entries(list(models.values()), retrain_entry)
 
         resurfacing = resurfacing_summary(kr_original=models["original"]["forget_acc"],
                                           kr_unlearned=models["unlearned"]["forget_acc"],
@@ -253,7 +250,7 @@ class Experiment:
             "run": {"task": cfg["task"], "method": cfg["method"], "scenario": cfg["scenario"],
                     "seed": cfg["seed"], "num_clients": self.fed.num_clients,
                     "forget_clients": [self.fed.client_id(n) for n in self.fed.nodes_with("n-forget")],
-                    "config": cfg, "versions": package_versions()},
+                    "config": cfg, "presets": self.cfg.presets, "versions": package_versions()},
             "models": models,
             "resurfacing": resurfacing,
             "validity": checks,

@@ -6,7 +6,7 @@ strategies, the handlers — is the production code path; only Ray and the Super
 Tests and benchmark scripts use it (clients run sequentially, so wall times add up over clients,
 for every method alike). ``fail_nodes`` makes chosen clients answer with an error.
 
-    python -m server_app.inprocess --clients 10 --run-config "method='fedup' scenario='class'"
+    python -m server_app.inprocess --clients 10 --run-config "method='retrain' scenario='class'"
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class InProcessGrid(Grid):
 def run_inprocess(run_config: dict, num_clients: int, **grid_options) -> str:
     """Run the whole experiment in this process; returns the results folder."""
     from server_app.experiment import Experiment
-    from strategies.federation import Federation
+    from strategies.common.federation import Federation
     from tasks.config import parse_config
 
     cfg = parse_config(run_config)

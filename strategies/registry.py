@@ -1,22 +1,220 @@
-"""Method name -> implementation. A new method is one file in strategies/ and one line here."""
+"""The one registration point of methods: each method package declares a :class:`MethodSpec`.
+
+A method lives in its own package under ``strategies/`` (its server rule, pure math, client-side
+work and settings). Its ``__init__.py`` lists what it registers in ``METHODS``, a tuple of
+:class:`MethodSpec`; this module finds every such package (no list to edit here), and the method
+list, the run-config keys and their validation (``tasks.config``), the ClientApp's extra queries
+and local objectives (``client_app.app``), the plug-in kinds (``tasks.plugins``) and the README's
+method and key tables (``python -m strategies.registry``) all come from those declarations.
+
+The declarations stay light (no Flower, no torch at import): code is named by ``"module:attr"``
+strings and imported only when a run uses it, so a ClientApp process that answers one message
+imports one method's code at most.
+"""
 
 from __future__ import annotations
 
-from functools import partial
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable, Mapping
 
-from strategies.base import NoUnlearning, Retrain, UnlearningMethod
-from strategies.fedup import FedUP
-from strategies.firm import BASELINES
-from strategies.firm_method import FIRMMethod, MergeBaseline
-from strategies.lethe import Lethe
-from strategies.objective_unlearning import NPO, GradientAscent, SimNPO
+from tasks.config import Setting
+
+TASK_KINDS = ("vision", "llm")
 
 
-def method_for(name: str) -> UnlearningMethod:
-    """The method registered under ``name`` (names are validated by ``tasks.config`` first)."""
-    factories = {"none": NoUnlearning, "retrain": Retrain, "lethe": Lethe, "fedup": FedUP,
-                 "ga": GradientAscent, "npo": NPO, "simnpo": SimNPO, "firm": FIRMMethod,
-                 **{baseline: partial(MergeBaseline, baseline) for baseline in BASELINES}}
-    if name not in factories:
-        raise ValueError(f"method {name!r} is not available: must be one of {', '.join(factories)}")
-    return factories[name]()
+@dataclass(frozen=True)
+class MethodSpec:
+    """What a method declares once, in its own package.
+
+    - ``name``: the run-config value of ``method``; ``summary`` and ``paper``: its README row.
+    - ``strategy``: ``"module:Class"`` of its :class:`strategies.common.base.UnlearningMethod`.
+    - ``settings``: the run-config keys it owns (typed, with defaults and allowed ranges);
+      ``reads``: keys owned by another method that it also reads (the merges read FIRM's release
+      settings), so a warning names a key set for a method that does not read it.
+    - ``task_kinds`` / ``scenarios``: what it supports; ``reversible``: it can ``restore``.
+    - ``queries``: client query actions it adds (``query.<name>``) -> ``"module:function"``;
+      ``objectives``: local-training objectives it adds (the ``objective`` of a ``train`` message)
+      -> ``"module:function"``; ``plugins``: plug-in kinds -> ``"module:builder"``. The function
+      signatures are the task kind's (``tasks.base.Task``).
+    - ``needs``: what it needs from pretraining (``"update-history"``: every round's client updates).
+    - ``presets``: task name or task kind -> settings that replace the defaults there;
+      ``smoke``: settings of a smoke run (``smoke=true``).
+    - ``check``: extra combination checks, ``check(cfg)`` raising ``ConfigError``.
+    - ``default``: this is the run config's default ``method`` (exactly one method says so).
+    """
+
+    name: str
+    summary: str
+    strategy: str
+    paper: str = "—"
+    settings: tuple[Setting, ...] = ()
+    reads: tuple[str, ...] = ()
+    task_kinds: tuple[str, ...] = ("vision",)
+    scenarios: tuple[str, ...] = ("client", "class", "sample")
+    reversible: bool = False
+    queries: Mapping[str, str] = field(default_factory=dict)
+    objectives: Mapping[str, str] = field(default_factory=dict)
+    plugins: Mapping[str, str] = field(default_factory=dict)
+    needs: tuple[str, ...] = ()
+    presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    smoke: Mapping[str, Any] = field(default_factory=dict)
+    check: Callable[[Any], None] | None = None
+    default: bool = False
+
+
+def load(target: str):
+    """The object named by ``"package.module:attr"``."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@lru_cache(maxsize=1)
+def all_methods() -> tuple[MethodSpec, ...]:
+    """Every registered method, in package order (``reference`` first, then alphabetical)."""
+    import strategies
+
+    names = sorted((m.name for m in pkgutil.iter_modules(strategies.__path__) if m.ispkg),
+                   key=lambda n: (n != "reference", n))
+    specs = []
+    for package in names:
+        specs += getattr(importlib.import_module(f"strategies.{package}"), "METHODS", ())
+    if sum(s.default for s in specs) != 1:
+        raise RuntimeError("exactly one method must be registered with default=True")
+    seen = [s.name for s in specs]
+    repeated = sorted({n for n in seen if seen.count(n) > 1})
+    if repeated:
+        raise RuntimeError(f"method name(s) registered twice: {', '.join(repeated)}")
+    for spec in specs:
+        unknown = set(spec.task_kinds) - set(TASK_KINDS)
+        if unknown:
+            raise RuntimeError(f"method {spec.name!r} declares unknown task kind(s) {sorted(unknown)}")
+    return tuple(specs)
+
+
+def method_names() -> tuple[str, ...]:
+    return tuple(s.name for s in all_methods())
+
+
+def method_spec(name: str) -> MethodSpec:
+    for spec in all_methods():
+        if spec.name == name:
+            return spec
+    raise ValueError(f"method {name!r} is not available: must be one of {', '.join(method_names())}")
+
+
+def method_for(name: str):
+    """A fresh instance of the method registered under ``name``."""
+    return load(method_spec(name).strategy)()
+
+
+def methods_for_task(task) -> tuple[str, ...]:
+    """Names of the methods that support ``task`` (a ``tasks.base.Task``)."""
+    return tuple(s.name for s in all_methods() if task.kind in s.task_kinds)
+
+
+def _registered(field_name: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for spec in all_methods():
+        for name, target in getattr(spec, field_name).items():
+            if found.get(name, target) != target:
+                raise RuntimeError(f"{field_name[:-1]} {name!r} is registered by two methods")
+            found[name] = target
+    return found
+
+
+def queries() -> dict[str, tuple[str, MethodSpec]]:
+    """Client query action -> (``"module:function"``, the method that registered it first)."""
+    owner = {}
+    for spec in all_methods():
+        for action in spec.queries:
+            owner.setdefault(action, spec)
+    return {action: (target, owner[action]) for action, target in _registered("queries").items()}
+
+
+def objective(name: str) -> Callable:
+    """The local objective registered under ``name``."""
+    found = _registered("objectives")
+    if name not in found:
+        raise ValueError(f"train objective {name!r} is unknown: must be ce or one of {', '.join(found)}")
+    return load(found[name])
+
+
+def plugin_builder(kind: str) -> Callable:
+    """The builder of plug-in ``kind``: ``builder(spec, feature_dim) -> nn.Module``."""
+    found = _registered("plugins")
+    if kind not in found:
+        raise ValueError(f"plug-in kind {kind!r} is unknown: must be one of {', '.join(found)}")
+    return load(found[kind])
+
+
+def readers_of() -> dict[str, tuple[str, ...]]:
+    """Each method-owned key -> the methods that read it (its owner and those that declare ``reads``)."""
+    readers: dict[str, list[str]] = {}
+    for spec in all_methods():
+        for setting in spec.settings:
+            readers.setdefault(setting.key, []).append(spec.name)
+    for spec in all_methods():
+        for key in spec.reads:
+            readers[key].append(spec.name)
+    return {key: tuple(names) for key, names in readers.items()}
+
+
+def method_table() -> str:
+    """The README's method table, from the registrations."""
+    rows = ["| `method` | tasks | scenarios | what it does | paper |", "| --- | --- | --- | --- | --- |"]
+    for spec in all_methods():
+        name = f"`{spec.name}`" + (" (default)" if spec.default else "")
+        rows.append(f"| {name} | {', '.join(spec.task_kinds)} | {', '.join(spec.scenarios)} | {spec.summary} "
+                    f"| {spec.paper} |")
+    return "\n".join(rows)
+
+
+def key_table() -> str:
+    """The README's run-config key table, from the settings of the config, the tasks and the methods."""
+    from tasks.config import all_settings
+    from tasks.registry import task_kinds
+
+    used_by = {key: "method " + ", ".join(f"`{n}`" for n in names) for key, names in readers_of().items()}
+    used_by.update({s.key: f"{kind.kind} tasks" for kind in task_kinds() for s in kind.settings})
+    rows = ["| key | default | allowed | used by | meaning |", "| --- | --- | --- | --- | --- |"]
+    for s in all_settings():
+        allowed = s.allowed or ("one of " + ", ".join(s.choices()) if s.choices else "")
+        if s.allow_inf:
+            allowed += " (inf allowed)"
+        default = f"'{s.default}'" if isinstance(s.default, str) else str(s.default)
+        rows.append(f"| `{s.key}` | {default} | {allowed} | {used_by.get(s.key, 'every run')} | {s.help} |")
+    return "\n".join(rows)
+
+
+TABLES = {"methods": method_table, "keys": key_table}
+
+
+def write_readme_tables(path: str) -> bool:
+    """Replace each table between ``<!-- <name>:begin -->`` and ``<!-- <name>:end -->`` in ``path``
+    by the generated one; True when the file changed."""
+    import re
+
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    updated = text
+    for name, table in TABLES.items():
+        pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
+        if not pattern.search(updated):
+            raise ValueError(f"{path} has no <!-- {name}:begin --> ... <!-- {name}:end --> markers")
+        updated = pattern.sub(lambda m: m.group(1) + table() + "\n" + m.group(2), updated)
+    if updated != text:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(updated)
+    return updated != text
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--write":
+        print("updated" if write_readme_tables(sys.argv[2]) else "unchanged", sys.argv[2])
+    else:
+        print(method_table(), "", key_table(), sep="\n")

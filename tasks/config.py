@@ -1,28 +1,34 @@
-"""Every run-config key in one table: its type, default, allowed values and meaning.
+"""The run config: every key's type, default, allowed values and meaning, validated once.
 
 Flower hands the ServerApp and every ClientApp the same flat run config (``pyproject.toml``'s
 ``[tool.flwr.app.config]`` merged with ``--run-config`` overrides). ``parse_config`` turns it into
 a typed :class:`Config` and rejects bad input with a one-line ``ConfigError`` that names the key
-and what is allowed, before any training starts. The README's key table and pyproject's defaults
-are checked against :data:`SETTINGS` by the tests, so the three never drift apart.
+and what is allowed, before any training starts.
+
+The keys come from three places, and only those: :data:`GENERAL_SETTINGS` here (what to run, the
+federation, local training, folders), each task kind's settings (``tasks.registry.KIND_SETTINGS``, e.g. the
+LLM task's ``llm-*``) and each registered method's settings (``MethodSpec.settings`` in its own
+package under ``strategies/``). :func:`all_settings` joins them; the README's key table and
+pyproject's defaults are checked against it by the tests, so they never drift apart.
+
+Presets. Where a method's good settings differ by task, its registration says so
+(``MethodSpec.presets``), and ``smoke=true`` shrinks every phase to a few steps
+(``MethodSpec.smoke``, ``Task.smoke`` and :data:`SMOKE`). A preset fills a key the user left at its
+global default; a key given any other value wins. (Flower passes every pyproject key to the app,
+so "left at its default" is the only sign of "not given" that survives; giving a key exactly its
+global default therefore does not override a preset; ``presets=false`` turns a method's presets off.)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable
 
-LLM_TASKS = ("llm-tofu",)
-TASKS = ("digits-lenet5", "mnist-lenet5", "cifar10-resnet18", "cifar100-resnet34", "cifar10-vit") + LLM_TASKS
-MERGE_BASELINES = ("avg", "sum", "ties", "fulm")
-LLM_METHODS = ("ga", "npo", "simnpo", "firm") + MERGE_BASELINES
-METHODS = ("none", "retrain", "fedup", "lethe") + LLM_METHODS
 SCENARIOS = ("client", "class", "sample")
 POISONS = ("label-flip", "backdoor")
-OPTIMIZERS = ("adam", "sgd")
-NUM_CLASSES = {"digits-lenet5": 10, "mnist-lenet5": 10, "cifar10-resnet18": 10,
-               "cifar100-resnet34": 100, "cifar10-vit": 10}
 
 
 class ConfigError(ValueError):
@@ -31,7 +37,12 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Setting:
-    """One run-config key: ``check`` returns the description of what is allowed when the value fails."""
+    """One run-config key: ``check`` returns the description of what is allowed when the value fails.
+
+    ``allow_inf``: a float whose ``inf`` is a documented choice (no DP noise, no projection, no
+    early stop); every other float must be finite. ``choices``: a callable giving the allowed
+    values of a key whose choices are registered elsewhere (``task``, ``method``).
+    """
 
     key: str
     kind: type
@@ -39,218 +50,167 @@ class Setting:
     help: str
     check: Callable[[Any], bool] | None = None
     allowed: str = ""
+    allow_inf: bool = False
+    choices: Callable[[], tuple[str, ...]] | None = None
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with ``value`` (already coerced), or None."""
+        if isinstance(value, float) and math.isnan(value):
+            return f"run-config '{self.key}' is NaN"
+        if isinstance(value, float) and math.isinf(value) and not self.allow_inf:
+            return f"run-config '{self.key}'={value!r} is not allowed: must be finite"
+        if self.choices is not None and value not in self.choices():
+            return f"run-config '{self.key}'={value!r} is not allowed: must be one of {', '.join(self.choices())}"
+        if self.check is not None and not self.check(value):
+            return f"run-config '{self.key}'={value!r} is not allowed: must be {self.allowed}"
+        return None
 
 
-def _one_of(values: tuple[str, ...]) -> tuple[Callable[[Any], bool], str]:
+Rule = tuple[Callable[[Any], bool], str]
+
+
+def one_of(values: tuple[str, ...]) -> Rule:
     return (lambda v: v in values), "one of " + ", ".join(values)
 
 
-def _positive() -> tuple[Callable[[Any], bool], str]:
+def positive() -> Rule:
     return (lambda v: v > 0), "> 0"
 
 
-def _at_least(low: float) -> tuple[Callable[[Any], bool], str]:
+def at_least(low: float) -> Rule:
     return (lambda v: v >= low), f">= {low:g}"
 
 
-def _open_unit(include_one: bool) -> tuple[Callable[[Any], bool], str]:
+def in_range(low: float, high: float, text: str | None = None) -> Rule:
+    return (lambda v: low <= v <= high), text or f"in [{low:g}, {high:g}]"
+
+
+def open_unit(include_one: bool) -> Rule:
     if include_one:
         return (lambda v: 0 < v <= 1), "in (0, 1]"
     return (lambda v: 0 < v < 1), "in (0, 1)"
 
 
-def _finite(low: float, include_low: bool) -> tuple[Callable[[Any], bool], str]:
+def finite(low: float, include_low: bool) -> Rule:
     if include_low:
         return (lambda v: low <= v < math.inf), f">= {low:g} and finite"
     return (lambda v: low < v < math.inf), f"> {low:g} and finite"
 
 
-def _s(key: str, kind: type, default: Any, help: str, rule=None) -> Setting:
+def setting(key: str, kind: type, default: Any, help: str, rule: Rule | None = None, *,
+            allow_inf: bool = False, choices: Callable[[], tuple[str, ...]] | None = None) -> Setting:
+    """A :class:`Setting` from a ``(check, allowed)`` rule (the helpers above)."""
     check, allowed = rule if rule else (None, "")
-    return Setting(key, kind, default, help, check, allowed)
+    return Setting(key, kind, default, help, check, allowed, allow_inf, choices)
 
 
-SETTINGS: tuple[Setting, ...] = (
+def _task_names() -> tuple[str, ...]:
+    from tasks.registry import task_names
+
+    return task_names()
+
+
+def _method_names() -> tuple[str, ...]:
+    from strategies.registry import method_names
+
+    return method_names()
+
+
+GENERAL_SETTINGS: tuple[Setting, ...] = (
     # what to run
-    _s("task", str, "digits-lenet5", "dataset + model", _one_of(TASKS)),
-    _s("method", str, "fedup", "unlearning method", _one_of(METHODS)),
-    _s("scenario", str, "sample", "what is forgotten: one client, one class, or some samples",
-       _one_of(SCENARIOS)),
-    _s("poison", str, "label-flip", "how the leaving client's data is made measurable (client scenario)",
-       _one_of(POISONS)),
-    _s("forget-client", int, -1,
+    setting("task", str, "digits-lenet5", "dataset + model", choices=_task_names),
+    setting("method", str, None, "unlearning method (default: the method registered with default=True)",
+            choices=_method_names),
+    setting("scenario", str, "sample", "what is forgotten: one client, one class, or some samples",
+       one_of(SCENARIOS)),
+    setting("poison", str, "label-flip", "how the leaving client's data is made measurable (client scenario)",
+       one_of(POISONS)),
+    setting("forget-client", int, -1,
        "client whose data (client/sample scenario) is forgotten; -1 = the client with the most samples",
-       _at_least(-1)),
-    _s("poison-epochs", int, 15,
+       at_least(-1)),
+    setting("poison-epochs", int, 15,
        "local epochs of the leaving client on its flipped labels while the original model is trained "
-       "(client scenario, poison label-flip; a Byzantine client works harder); 0 = local-epochs", _at_least(0)),
-    _s("forget-class", int, 3, "class removed in the class scenario", _at_least(0)),
-    _s("sample-fraction", float, 0.2,
-       "share of the forget client's samples that carry the backdoor (sample scenario)", _open_unit(True)),
-    _s("backdoor-target", int, 0, "label the backdoor trigger maps to", _at_least(0)),
-    _s("trigger-size", int, 8, "side in pixels of the white bottom-right trigger square", _positive()),
-    _s("seed", int, 42, "seed of every random choice: partitions, requests, init, sampling",
+       "(client scenario, poison label-flip; a Byzantine client works harder); 0 = local-epochs", at_least(0)),
+    setting("forget-class", int, 3, "class removed in the class scenario", at_least(0)),
+    setting("sample-fraction", float, 0.2,
+       "share of the forget client's samples that carry the backdoor (sample scenario)", open_unit(True)),
+    setting("backdoor-target", int, 0, "label the backdoor trigger maps to", at_least(0)),
+    setting("trigger-size", int, 8, "side in pixels of the white bottom-right trigger square", positive()),
+    setting("seed", int, 42, "seed of every random choice: partitions, requests, init, sampling",
        ((lambda v: 0 <= v < 2**32), "in 0..4294967295")),  # numpy needs >= 0; torch overflows past 64 bits
     # federation and training
-    _s("dirichlet-alpha", float, 0.5, "Dirichlet concentration of the non-IID label split", _positive()),
-    _s("test-fraction", float, 0.2, "share of each client's partition kept as its local test split",
-       _open_unit(False)),
-    _s("pretrain-rounds", int, 20, "FedAvg rounds that train the original model", _positive()),
-    _s("retrain-rounds", int, 0, "FedAvg rounds of the retrain oracle; 0 = pretrain-rounds", _at_least(0)),
-    _s("continue-rounds", int, 10, "FedAvg rounds on retained data after unlearning (resurfacing)",
-       _at_least(0)),
-    _s("local-epochs", int, 3, "local epochs per training round", _positive()),
-    _s("batch-size", int, 32, "local mini-batch size", _positive()),
-    _s("lr", float, 0.05, "local SGD learning rate", _positive()),
-    _s("momentum", float, 0.9, "local SGD momentum", _at_least(0)),
-    _s("fraction-train", float, 1.0, "share of eligible clients sampled per training round",
-       _open_unit(True)),
-    _s("min-reply-fraction", float, 0.5,
-       "a round goes on when at least this share of the nodes it asked replied", _open_unit(True)),
-    _s("round-timeout", float, 600.0, "seconds to wait for the replies of one round", _positive()),
+    setting("dirichlet-alpha", float, 0.5, "Dirichlet concentration of the non-IID label split", positive()),
+    setting("test-fraction", float, 0.2, "share of each client's partition kept as its local test split",
+       open_unit(False)),
+    setting("pretrain-rounds", int, 20, "FedAvg rounds that train the original model", positive()),
+    setting("retrain-rounds", int, 0, "FedAvg rounds of the retrain oracle; 0 = pretrain-rounds", at_least(0)),
+    setting("continue-rounds", int, 10, "FedAvg rounds on retained data after unlearning (resurfacing)",
+       at_least(0)),
+    setting("local-epochs", int, 3, "local epochs per training round", positive()),
+    setting("batch-size", int, 32, "local mini-batch size", positive()),
+    setting("lr", float, 0.05, "local SGD learning rate", positive()),
+    setting("momentum", float, 0.9, "local SGD momentum", at_least(0)),
+    setting("fraction-train", float, 1.0, "share of eligible clients sampled per training round",
+       open_unit(True)),
+    setting("min-reply-fraction", float, 0.5,
+       "a round goes on when at least this share of the nodes it asked replied", open_unit(True)),
+    setting("round-timeout", float, 600.0, "seconds to wait for the replies of one round", positive()),
     # where things go
-    _s("data-dir", str, "", "folder of real datasets (MNIST/CIFAR); empty = ~/.cache/fedunlearn/data"),
-    _s("download", bool, False, "allow torchvision to download missing datasets"),
-    _s("cache-dir", str, "", "cache of original/retrained models; empty = ~/.cache/fedunlearn/models"),
-    _s("outputs-dir", str, "outputs", "folder that receives results.json, results.csv and plots"),
-    _s("mia-max-samples", int, 200, "per client and set, samples whose confidence feeds the MIA",
-       _positive()),
-    _s("diagnostic-samples", int, 50,
+    setting("data-dir", str, "", "folder of real datasets (MNIST/CIFAR); empty = ~/.cache/fedunlearn/data"),
+    setting("download", bool, False, "allow torchvision to download missing datasets"),
+    setting("cache-dir", str, "", "cache of original/retrained models; empty = ~/.cache/fedunlearn/models"),
+    setting("outputs-dir", str, "outputs", "folder that receives results.json, results.csv and plots"),
+    setting("mia-max-samples", int, 200, "per client and set, samples whose confidence feeds the MIA",
+       positive()),
+    setting("diagnostic-samples", int, 50,
        "per client and set, penultimate features sent for the FD/PCA diagnostics; 0 = off",
-       _at_least(0)),
-    # FedUP (paper 000): DP class centroids -> server-trained plug-in filter
-    _s("fedup-rho", float, 0.0,
-       "KMeans clusters per class = ceil(rho * n); 0 = paper default by scenario (0.8/0.1/0.5)",
-       ((lambda v: 0 <= v <= 1), "0 (scenario default) or in (0, 1]")),
-    _s("fedup-clip", float, 20.0, "L2 bound that every feature vector is clipped to before KMeans",
-       _positive()),
-    _s("fedup-sigma", float, 0.0, "centroid noise std; 0 = calibrate from fedup-epsilon/fedup-delta",
-       _at_least(0)),
-    _s("fedup-epsilon", float, math.inf,
-       "target (epsilon, delta)-DP of each client's upload; inf = no noise (the paper's released setting)",
-       _positive()),
-    _s("fedup-delta", float, 1e-5, "delta of the DP target", _open_unit(False)),
-    _s("fedup-dp-bound", str, "fixed-clusters",
-       "sensitivity bound: fixed-clusters (paper: assignment taken as fixed) or any-clustering (safe)",
-       _one_of(("fixed-clusters", "any-clustering"))),
-    _s("fedup-bottleneck", int, 32, "filter bottleneck width (paper Table 5)", _positive()),
-    _s("fedup-alpha", float, 0.8,
-       "filter loss = alpha*CE + (1-alpha)*reconstruction (paper: 0.5; 0.8 measured to block backdoors)",
-       ((lambda v: 0 <= v <= 1), "in [0, 1]")),
-    _s("fedup-epochs", int, 200, "server-side filter training epochs", _positive()),
-    _s("fedup-lr", float, 3e-3, "filter learning rate", _positive()),
-    _s("fedup-batch-size", int, 256, "filter mini-batch size", _positive()),
-    _s("fedup-optimizer", str, "adam", "filter optimiser", _one_of(OPTIMIZERS)),
-    _s("fedup-forget-centroids", str, "divert",
-       "forget-set features: sent flagged so the filter diverts them (divert) or dropped (drop, eq. 8)",
-       _one_of(("divert", "drop"))),
-    _s("fedup-targets", str, "soft",
-       "diverted centroids get uniform targets over the other classes (soft) "
-       "or one random other class each (random, the paper's)", _one_of(("soft", "random"))),
-    # Lethe (paper 001): amplify -> rectify -> restore
-    _s("lethe-gamma", float, 0.2, "rectification penalty gamma of eq. 10", _positive()),
-    _s("lethe-adapter-steps", int, 50, "gradient-ascent steps of the temporary adapter; 0 = no adapter",
-       _at_least(0)),
-    _s("lethe-adapter-lr", float, 0.05,
-       "length of each normalised adapter ascent step (global L2 norm of the adapter's change)", _positive()),
-    _s("lethe-adapter-max-loss", float, 10.0,
-       "adapter ascent stops once a batch's forget loss reaches this (bounded amplification)", _positive()),
-    _s("lethe-lr", float, 0.01,
-       "local learning rate of both streams during rectification (client and sample scenarios; the paper "
-       "uses 1e-3 for CV)", _positive()),
-    _s("lethe-lr-class", float, 0.02, "lethe-lr of the class scenario", _positive()),
-    _s("lethe-epochs", int, 1, "local epochs of both streams per rectification round (paper: 1)", _positive()),
-    _s("lethe-gamma-mode", str, "upper",
-       "fixed: lethe-gamma in every layer (paper); clamp: clipped into each layer's Prop. IV.1 bounds; "
-       "upper: each layer's upper Prop. IV.1 bound (strongest forgetting it allows)",
-       _one_of(("fixed", "clamp", "upper"))),
-    _s("lethe-step-clip", float, 1.0,
-       "each rectified update is scaled to at most this x the retain stream's L2 norm (client and sample "
-       "scenarios); 0 = off", _at_least(0)),
-    _s("lethe-step-clip-class", float, 5.0,
-       "lethe-step-clip of the class scenario; 0 = off",
-       _at_least(0)),
-    _s("lethe-rectify-rounds", int, 10, "most dual-stream rectification rounds", _at_least(0)),
-    _s("lethe-stop-loss", float, 12.0,
-       "rectification stops once the forget clients' mean forget loss (nats, backbone without the "
-       "adapter) reaches this; inf = always lethe-rectify-rounds", _positive()),
-    _s("lethe-max-retain-rise", float, 0.5,
-       "rectification guard: a step after which the retained clients' reported loss is more than this many "
-       "nats above their loss on the starting model is rolled back (and rectification stops)", _positive()),
-    _s("lethe-restore-rounds", int, 5, "utility-recovery rounds after the adapter is dropped", _at_least(0)),
-    _s("lethe-restore-mode", str, "rectified",
-       "fedavg: FedAvg on retained clients (paper); rectified: forget clients also train and the "
-       "retain update's component along their update is removed where they align",
-       _one_of(("fedavg", "rectified"))),
-    # LLM task (llm-tofu): TOFU-style fictitious authors, LoRA on a causal LM (docs/llm.md)
-    _s("llm-model", str, "tiny", "'tiny' (a small Llama built from config, offline) or a local HF model folder"),
-    _s("llm-data-dir", str, "", "folder of TOFU files (full.json, *_perturbed.json ...); empty = synthetic authors"),
-    _s("llm-num-authors", int, 20, "synthetic fictitious authors (offline data)", _positive()),
-    _s("llm-qa-per-author", int, 10, "synthetic QA pairs per author", ((lambda v: 1 <= v <= 20), "in 1..20")),
-    _s("llm-forget-fraction", float, 0.1, "share of authors forgotten in the sample scenario", _open_unit(True)),
-    _s("llm-lora-rank", int, 16, "LoRA rank r", _positive()),
-    _s("llm-lora-alpha", float, 32.0, "LoRA scaling alpha (update = alpha/r * B A)", _positive()),
-    _s("llm-target-modules", str, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
-       "comma-separated linear modules that get LoRA adapters"),
-    _s("llm-load-in-4bit", bool, False, "load the base model in 4-bit NF4 (bitsandbytes, CUDA only)"),
-    _s("llm-local-epochs", int, 3, "local epochs per LLM training round (pretrain, retrain, continue, Lethe)",
-       _positive()),
-    _s("llm-lr", float, 5e-3, "local AdamW learning rate of the LoRA adapter", _positive()),
-    _s("llm-batch-size", int, 16, "local mini-batch size (QA pairs)", _positive()),
-    _s("llm-unlearn-epochs", int, 3,
-       "epochs of the one-round ga/npo/simnpo unlearning on forget clients and of every FIRM/merge client release",
-       _positive()),
-    _s("llm-unlearn-lr", float, 1e-3, "learning rate of the ga/npo/simnpo unlearning and of the FIRM/merge releases",
-       _positive()),
-    _s("llm-npo-beta", float, 0.1, "NPO beta", _positive()),
-    _s("llm-simnpo-beta", float, 2.5, "SimNPO beta", _positive()),
-    _s("llm-simnpo-gamma", float, 0.0, "SimNPO reward margin gamma", _at_least(0)),
-    _s("llm-max-new-tokens", int, 0, "greedy tokens generated per answer when evaluating; 0 = by data source "
-       "(200 on TOFU files as TOFU/open-unlearning, 16 on synthetic authors)", _at_least(0)),
-    _s("llm-eval-batch-size", int, 32, "evaluation batch size", _positive()),
-    # FIRM (paper 002) and its merge baselines on the LLM task: one query.fisher round, one merge (docs/firm.md)
-    _s("firm-gamma", float, 1.0, "FIRM base-merge scale gamma of gamma * (D_F + D_R) (paper: 1)", _finite(0, True)),
-    _s("firm-alpha", float, 0.1, "share of each normalised Fisher kept (Top-alpha sparsification)", _open_unit(True)),
-    _s("firm-eps0", float, 1e-8, "Fisher normalisation / merge denominator epsilon_0", _finite(0, False)),
-    _s("firm-epsilon", float, math.inf,
-       "retention budget per tensor and retain client of the projection; inf = FIRM-base (no projection)",
-       _positive()),
-    _s("firm-forget-objective", str, "ascent", "forget clients' local objective (retain clients: ce)",
-       _one_of(("ascent", "rmu"))),
-    _s("firm-fisher-batches", int, 20, "single sequences per client the diagonal Fisher is averaged over",
-       _positive()),
-    _s("avg-scale", float, 1.0, "AVG merge: scale x mean of forget and retain task vectors", _finite(0, False)),
-    _s("sum-scale", float, 1.0, "SUM merge: scale x sum of forget task vectors", _finite(0, False)),
-    _s("ties-scale", float, 1.0, "TIES merge of forget task vectors: scale", _finite(0, False)),
-    _s("ties-density", float, 0.2, "TIES: share of each task vector's entries kept (per tensor)", _open_unit(True)),
-    _s("fulm-scale", float, 1.0, "FULM merge of forget and retain task vectors: scale", _finite(0, False)),
-    _s("fulm-threshold", float, 0.6, "FULM: cosine similarity that links two task vectors into one cluster",
-       ((lambda v: -1 <= v <= 1), "in [-1, 1]")),
-    _s("fulm-density", float, 0.3, "FULM: TIES density inside each cluster", _open_unit(True)),
+       at_least(0)),
+    setting("presets", bool, True,
+            "apply the presets the method registered for this task (its measured settings there) to keys left at "
+            "their default; false = the global defaults"),
+    setting("smoke", bool, False,
+       "smoke run for CI: every phase runs, with a few rounds, epochs and steps (presets of each method and task); "
+       "keys given explicitly still win"),
 )
 
-SETTINGS_BY_KEY = {s.key: s for s in SETTINGS}
+# What ``smoke=true`` sets for every run (methods and tasks add their own: ``MethodSpec.smoke``, ``Task.smoke``).
+SMOKE: dict[str, Any] = {"pretrain-rounds": 2, "continue-rounds": 1, "local-epochs": 1, "mia-max-samples": 50,
+                         "diagnostic-samples": 0}
 
-# Float settings whose inf is a documented choice (no DP noise, no projection, no early stop);
-# every other float must be finite.
-INFINITE_ALLOWED = ("fedup-epsilon", "firm-epsilon", "lethe-stop-loss")
 
-# Which task or method a key prefix belongs to: a non-default value of such a key in a run of
-# another task or method does nothing, which ``inapplicable_settings`` names.
-KEY_OWNERS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "llm-": ("task", LLM_TASKS),
-    "fedup-": ("method", ("fedup",)),
-    "lethe-": ("method", ("lethe",)),
-    "firm-": ("method", ("firm",) + MERGE_BASELINES),
-    **{f"{name}-": ("method", (name,)) for name in MERGE_BASELINES},
-}
+
+@lru_cache(maxsize=1)
+def all_settings() -> tuple[Setting, ...]:
+    """Every key: the general ones, each task kind's, each registered method's (in that order)."""
+    from strategies.registry import all_methods
+    from tasks.registry import task_kinds
+
+    default_method = next(spec.name for spec in all_methods() if spec.default)
+    found = [dataclasses.replace(s, default=default_method) if s.key == "method" else s for s in GENERAL_SETTINGS]
+    for kind in task_kinds():
+        found += kind.settings
+    for spec in all_methods():
+        found += spec.settings
+    keys = [s.key for s in found]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise RuntimeError(f"run-config key(s) declared twice: {', '.join(repeated)}")
+    return tuple(found)
+
+
+def settings_by_key() -> dict[str, Setting]:
+    return {s.key: s for s in all_settings()}
 
 
 class Config:
-    """Typed, validated run config; read values as ``cfg["pretrain-rounds"]`` or ``cfg.pretrain_rounds``."""
+    """Typed, validated run config; read values as ``cfg["pretrain-rounds"]`` or ``cfg.pretrain_rounds``.
 
-    def __init__(self, values: dict[str, Any]):
+    ``presets``: the keys a method/task preset or the smoke setting filled, with their values.
+    """
+
+    def __init__(self, values: dict[str, Any], presets: dict[str, Any] | None = None):
         self._values = dict(values)
+        self.presets = dict(presets or {})
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -265,9 +225,16 @@ class Config:
         return dict(self._values)
 
     @property
+    def task(self):
+        """The run's :class:`tasks.base.Task`."""
+        from tasks.registry import task_for
+
+        return task_for(self["task"])
+
+    @property
     def num_classes(self) -> int:
-        """Classes of a vision task; LLM tasks have none (class settings do not apply: 0 checks skipped)."""
-        return NUM_CLASSES.get(self["task"], 0)
+        """Classes of a classification task; 0 where there are none (class settings do not apply)."""
+        return self.task.num_classes
 
     @property
     def rounds_of_retrain(self) -> int:
@@ -295,64 +262,68 @@ def _coerce(setting: Setting, value: Any) -> Any:
     raise ConfigError(f"run-config '{setting.key}' must be a {kind.__name__}, got {value!r}")
 
 
+def _valid(setting: Setting, raw: Any) -> Any:
+    value = _coerce(setting, raw)
+    problem = setting.problem(value)
+    if problem:
+        raise ConfigError(problem)
+    return value
+
+
+def _presets(values: dict[str, Any]) -> dict[str, Any]:
+    """The preset values for this task and method (and the smoke settings when ``smoke`` is on)."""
+    from strategies.registry import method_spec
+    from tasks.registry import task_for
+
+    task, spec = task_for(values["task"]), method_spec(values["method"])
+    presets = dict(spec.presets.get(task.name, spec.presets.get(task.kind, {}))) if values["presets"] else {}
+    if values["smoke"]:
+        presets.update({**SMOKE, **task.smoke, **spec.smoke})
+    return presets
+
+
 def parse_config(run_config: dict[str, Any], num_clients: int | None = None) -> Config:
-    """Validate ``run_config`` (unknown keys rejected, missing keys defaulted) into a :class:`Config`.
+    """Validate ``run_config`` (unknown keys rejected, missing keys defaulted, presets filled into
+    keys left at their default) into a :class:`Config`.
 
     ``num_clients`` enables the checks that need the federation size (the forget client).
     """
-    unknown = sorted(set(run_config) - set(SETTINGS_BY_KEY))
+    settings = settings_by_key()
+    unknown = sorted(set(run_config) - set(settings))
     if unknown:
         raise ConfigError(f"unknown run-config key(s) {', '.join(unknown)}; see the README's key table")
-    values: dict[str, Any] = {}
-    for setting in SETTINGS:
-        value = _coerce(setting, run_config.get(setting.key, setting.default))
-        if isinstance(value, float) and math.isnan(value):
-            raise ConfigError(f"run-config '{setting.key}' is NaN")
-        if isinstance(value, float) and math.isinf(value) and setting.key not in INFINITE_ALLOWED:
-            raise ConfigError(f"run-config '{setting.key}'={value!r} is not allowed: must be finite")
-        if setting.check is not None and not setting.check(value):
-            raise ConfigError(f"run-config '{setting.key}'={value!r} is not allowed: must be {setting.allowed}")
-        values[setting.key] = value
-    cfg = Config(values)
+    values = {key: _valid(settings[key], run_config.get(key, settings[key].default))
+              for key in ("task", "method", "presets", "smoke")}
+    applied = {}
+    for key, preset in _presets(values).items():
+        if _coerce(settings[key], run_config.get(key, settings[key].default)) == settings[key].default:
+            applied[key] = _valid(settings[key], preset)
+    for setting in all_settings():
+        if setting.key not in values:
+            values[setting.key] = applied.get(setting.key, _valid(setting, run_config.get(setting.key, setting.default)))
+    cfg = Config(values, applied)
     _check_combinations(cfg, num_clients)
     return cfg
 
 
-def _check_llm_combinations(cfg: Config) -> None:
-    """What the LLM task cannot do: classes, poisoning, FedUP, Lethe's (vision) adapter."""
-    if cfg["scenario"] == "class":
-        raise ConfigError(f"run-config 'scenario'='class' is not meaningful for task '{cfg['task']}': "
-                          "must be sample or client")
-    if cfg["poison"] != "label-flip":
-        raise ConfigError(f"run-config 'poison'={cfg['poison']!r} is not meaningful for task '{cfg['task']}': "
-                          "leave it at label-flip (it is ignored)")
-    if cfg["method"] == "fedup":
-        raise ConfigError(f"run-config 'method'='fedup' is not available for task '{cfg['task']}': "
-                          f"must be one of {', '.join(m for m in METHODS if m != 'fedup')}")
-    if cfg["method"] == "lethe" and cfg["lethe-adapter-steps"] != 0:
-        raise ConfigError(f"run-config 'lethe-adapter-steps'={cfg['lethe-adapter-steps']} is not allowed for task "
-                          f"'{cfg['task']}': must be 0 (Lethe rectifies the LoRA adapter directly)")
-
-
 def _check_combinations(cfg: Config, num_clients: int | None) -> None:
-    if cfg["task"] in LLM_TASKS:
-        _check_llm_combinations(cfg)
-    elif cfg["method"] in LLM_METHODS:
-        raise ConfigError(f"run-config 'method'={cfg['method']!r} needs an LLM task: task must be one of "
-                          f"{', '.join(LLM_TASKS)}")
-    classes = cfg.num_classes
-    if classes and cfg["forget-class"] >= classes:
-        raise ConfigError(f"run-config 'forget-class'={cfg['forget-class']} is outside task "
-                          f"'{cfg['task']}': must be in 0..{classes - 1}")
-    if classes and cfg["backdoor-target"] >= classes:
-        raise ConfigError(f"run-config 'backdoor-target'={cfg['backdoor-target']} is outside task "
-                          f"'{cfg['task']}': must be in 0..{classes - 1}")
-    if classes:
-        from tasks.vision.datasets import IMAGE_SIZE
+    """What the task, the method and the federation allow together (each a one-line error)."""
+    from strategies.registry import method_spec, methods_for_task
 
-        if cfg["trigger-size"] > IMAGE_SIZE:
-            raise ConfigError(f"run-config 'trigger-size'={cfg['trigger-size']} is larger than the "
-                              f"{IMAGE_SIZE}x{IMAGE_SIZE} images of task '{cfg['task']}': must be in 1..{IMAGE_SIZE}")
+    task, spec = cfg.task, method_spec(cfg["method"])
+    task.check_config(cfg)
+    if task.kind not in spec.task_kinds:
+        from tasks.registry import task_kinds
+
+        needed = [f"{k.kind} ({', '.join(k.names)})" for k in task_kinds() if k.kind in spec.task_kinds]
+        raise ConfigError(f"run-config 'method'={cfg['method']!r} needs a task of kind {' or '.join(needed)}, not "
+                          f"task '{task.name}': for it, method must be one of {', '.join(methods_for_task(task))}")
+    if cfg["scenario"] not in spec.scenarios:
+        raise ConfigError(f"run-config 'scenario'={cfg['scenario']!r} is not supported by method "
+                          f"'{cfg['method']}': must be one of {', '.join(spec.scenarios)}")
+    task.check_config(cfg)
+    if spec.check is not None:
+        spec.check(cfg)
     if num_clients is not None:
         if num_clients < 2:
             raise ConfigError(f"the federation has {num_clients} client(s): at least 2 are needed")
@@ -364,10 +335,18 @@ def _check_combinations(cfg: Config, num_clients: int | None) -> None:
 def inapplicable_settings(cfg: Config) -> list[str]:
     """Keys set away from their default that this run's task or method never reads, each as
     ``key (<owner> only)``, e.g. ``llm-lr (task llm-tofu only)`` on a vision task."""
+    from strategies.registry import readers_of
+    from tasks.registry import task_kinds
+
+    kind_of_key = {s.key: kind for kind in task_kinds() for s in kind.settings}
+    readers = readers_of()
     out = []
-    for setting in SETTINGS:
-        for prefix, (field, owners) in KEY_OWNERS.items():
-            if (setting.key.startswith(prefix) and cfg[field] not in owners
-                    and cfg[setting.key] != setting.default):
-                out.append(f"{setting.key} ({field} {'/'.join(owners)} only)")
+    for setting in all_settings():
+        key = setting.key
+        if cfg[key] == setting.default:
+            continue
+        if key in kind_of_key and kind_of_key[key].kind != cfg.task.kind:
+            out.append(f"{key} (task {'/'.join(kind_of_key[key].names)} only)")
+        elif key in readers and cfg["method"] not in readers[key]:
+            out.append(f"{key} (method {'/'.join(readers[key])} only)")
     return out

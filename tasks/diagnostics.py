@@ -1,4 +1,4 @@
-"""Knowledge-resurfacing diagnostics of Lethe (paper 001, eq. 5 and section V-D), for any method.
+"""Knowledge-resurfacing diagnostics of Lethe (the Lethe paper, eq. 5 and section V-D), for any method.
 
 All inputs are plain numbers, tensors or state dicts, so the same code measures FedUP, FIRM, Lethe,
 retrain, ... alike. Formulas:

@@ -26,7 +26,7 @@ import zipfile
 import numpy as np
 import torch
 
-from tasks.config import LLM_TASKS, Config
+from tasks.config import Config
 from tasks.requests import ClientData, apply_request
 from tasks.vision.datasets import IMAGE_SIZE
 
@@ -79,15 +79,10 @@ def load_split(data_path: str, split: str, num_classes: int, channels: int) -> t
 
 def build_own_client_data(cfg: Config, data_path: str, partition_id: int) -> ClientData:
     """This node's view of the request, from its own files (see the module docstring)."""
-    from tasks.registry import VISION_TASKS
-
-    if cfg["task"] in LLM_TASKS:
-        raise _fail(data_path, f"task '{cfg['task']}' does not read a data-path yet; "
-                               "use partition-id and num-partitions")
     if cfg["scenario"] != "class" and cfg["forget-client"] < 0:
         raise ValueError("run-config 'forget-client'=-1 (the largest client) needs the shared pool: with node "
                          "config 'data-path' set forget-client to the partition-id of the leaving node")
-    spec = VISION_TASKS[cfg["task"]]
+    spec = cfg.task
     train = load_split(data_path, "train", spec.num_classes, spec.in_channels)
     test = load_split(data_path, "test", spec.num_classes, spec.in_channels)
     return apply_request(cfg, partition_id, cfg["forget-client"], train, test, spec.num_classes)

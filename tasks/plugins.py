@@ -1,6 +1,6 @@
 """Plug-ins that sit between a ``SplitModel``'s extractor and head, described by JSON-able specs.
 
-A spec is a dict such as ``{"kind": "fedup-filter", "bottleneck": 32}``. Server and clients build
+A spec is a dict such as ``{"kind": <a registered kind>, "seed": 0, ...}``. Server and clients build
 the same architecture from the same specs, so only tensors (never module code) cross the grid.
 """
 
@@ -15,23 +15,18 @@ from tasks.model import SplitModel
 
 
 def build_plugin(spec: dict, feature_dim: int) -> nn.Module:
-    """One plug-in module from its spec."""
-    kind = spec.get("kind")
-    if kind == "fedup-filter":
-        from tasks.fedup_filter import FedUPFilter
+    """One plug-in module from its spec; the builder is the one a method registered for ``kind``
+    (``strategies.registry.MethodSpec.plugins``)."""
+    from strategies.registry import plugin_builder
 
-        return FedUPFilter(feature_dim, bottleneck=int(spec["bottleneck"]), seed=int(spec.get("seed", 0)))
-    if kind == "lethe-adapter":
-        from tasks.lethe_adapter import LetheAdapter
-
-        return LetheAdapter(feature_dim, seed=int(spec.get("seed", 0)))
-    raise ValueError(f"plug-in kind {kind!r} is unknown: must be fedup-filter or lethe-adapter")
+    return plugin_builder(str(spec.get("kind")))(spec, feature_dim)
 
 
 def attach_plugins(model: SplitModel, specs: list[dict], seed: int = 0) -> SplitModel:
     """Replace the model's plug-ins by freshly built ones (seeded init), in order."""
     torch.manual_seed(seed)
     model.plugins = nn.ModuleList(build_plugin(spec, model.feature_dim) for spec in specs)
+    model.plugin_kinds = [str(spec.get("kind")) for spec in specs]
     return model
 
 

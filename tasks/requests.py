@@ -3,7 +3,7 @@
 Every client rebuilds the whole federation's partition from the seed, takes its own share, and
 applies the request to it. Raw data never leaves the client; only counts and model outputs do.
 
-Scenarios (DESIGN.md, and the papers' setups):
+Scenarios (the papers' setups):
 
 - ``client``: the forget client leaves. Its data is made measurable by poisoning, because a
   clean client's knowledge is mostly shared with the others: ``label-flip`` (y -> (y+1) mod C,

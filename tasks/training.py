@@ -1,13 +1,16 @@
 """Local training and inference for vision models (what a client does with its data).
 
-Local training minimises cross-entropy (FedAvg, retrain, both of Lethe's streams, restore rounds);
-Lethe's gradient-ascent adapter has its own bounded loop in ``tasks.lethe_adapter``.
+Local training minimises cross-entropy by default (FedAvg, retrain, continued training, every
+stream that trains on its data); a method with its own local loss passes ``loss_fn`` (from the
+objective it registers, ``tasks.base``), and one with its own loop brings it.
 
-``scope`` chooses what trains: ``all``, ``base`` (everything but plug-ins: Lethe's backbone with
-the adapter frozen) or ``plugins`` (only plug-ins: Lethe's adapter with the backbone frozen).
+``scope`` chooses what trains: ``all``, ``base`` (everything but plug-ins: the backbone with the
+plug-ins frozen) or ``plugins`` (only the plug-ins, the backbone frozen).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import nn
@@ -40,8 +43,11 @@ def set_trainable(model: nn.Module, scope: str) -> list[nn.Parameter]:
 
 def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
                 lr: float, momentum: float, seed: int, scope: str = "all",
-                max_steps: int | None = None, device: torch.device | None = None) -> float:
-    """SGD over (x, y) in seeded shuffled mini-batches; returns the mean training CE of the last epoch."""
+                max_steps: int | None = None, device: torch.device | None = None,
+                loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> float:
+    """SGD over (x, y) in seeded shuffled mini-batches; returns the mean training loss of the last epoch.
+
+    ``loss_fn(model, xb, yb)`` is the loss minimised; default: cross-entropy of ``model(xb)``."""
     device = device or torch.device("cpu")
     model.to(device).train()
     optimizer = torch.optim.SGD(set_trainable(model, scope), lr=lr, momentum=momentum)
@@ -54,7 +60,7 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: i
             for start in range(0, len(y), batch_size):
                 idx = order[start:start + batch_size]
                 xb, yb = x[idx].to(device), y[idx].to(device)
-                loss = F.cross_entropy(model(xb), yb)
+                loss = loss_fn(model, xb, yb) if loss_fn is not None else F.cross_entropy(model(xb), yb)
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tasks.centroids import add_gaussian_noise, class_centroids, clip_rows, divert_targets, relabel_forget_rows
+from strategies.fedup.centroids import add_gaussian_noise, class_centroids, clip_rows, divert_targets, relabel_forget_rows
 
 
 def features(n_per_class=(20, 7, 3), d=5, seed=0):

@@ -8,7 +8,8 @@ from server_app.inprocess import InProcessGrid  # noqa: F401  (sets Flower's tas
 from client_app.app import app
 from tasks.config import parse_config
 from tasks.plugins import specs_to_json
-from tasks.registry import build_model
+from tasks.registry import task_for
+from tasks.vision.task import VisionTask
 
 RUN = {"scenario": "client", "forget-client": 1, "mia-max-samples": 20}
 
@@ -35,7 +36,7 @@ def test_hello_reports_client_id_and_counts():
 
 
 def test_train_changes_weights_and_reports_examples():
-    model = build_model("digits-lenet5", [], seed=0)
+    model = task_for("digits-lenet5").build_model([], seed=0)
     arrays = ArrayRecord(model.state_dict())
     reply = app(_message("train", arrays, role="retain", epochs=1, lr=0.05), _context(pid=2))
     trained = reply.content["arrays"].to_torch_state_dict()
@@ -45,7 +46,7 @@ def test_train_changes_weights_and_reports_examples():
 
 def test_train_for_two_roles_returns_one_update_per_role_from_the_same_model():
     run = {"scenario": "sample", "forget-client": 1, "mia-max-samples": 20}
-    model = build_model("digits-lenet5", [], seed=0)
+    model = task_for("digits-lenet5").build_model([], seed=0)
     arrays = ArrayRecord(model.state_dict())
     message = _message("train", arrays, role="forget+retain", epochs=1, lr=0.05, **{"report-loss-before": True})
     reply = app(message, _context(pid=1, run=run)).content
@@ -61,7 +62,7 @@ def test_train_for_two_roles_returns_one_update_per_role_from_the_same_model():
 
 def test_train_plugins_scope_uploads_only_the_adapter():
     plugins = [{"kind": "lethe-adapter", "seed": 0}]
-    model = build_model("digits-lenet5", plugins, seed=0)
+    model = task_for("digits-lenet5").build_model(plugins, seed=0)
     reply = app(_message("train", ArrayRecord(model.state_dict()), role="forget", objective="adapter-ascent",
                          scope="plugins", plugins=specs_to_json(plugins), lr=0.01, **{"max-steps": 3}),
                 _context(pid=1))
@@ -70,7 +71,7 @@ def test_train_plugins_scope_uploads_only_the_adapter():
 
 
 def test_evaluate_returns_counts_and_confidences():
-    model = build_model("digits-lenet5", [], seed=0)
+    model = task_for("digits-lenet5").build_model([], seed=0)
     reply = app(_message("evaluate", ArrayRecord(model.state_dict())), _context(pid=1))
     metrics = reply.content["metrics"]
     assert metrics["forget-n"] > 0 and 0 <= metrics["forget-correct"] <= metrics["forget-n"]
@@ -88,8 +89,14 @@ def test_bad_run_config_fails_before_any_work():
         app(_message("query.hello"), _context(run={"lr": -1.0}))
 
 
-def test_config_is_parsed_like_the_server():
-    assert parse_config(RUN, num_clients=4)["forget-client"] == 1
+def test_client_parses_the_config_like_the_server_presets_included():
+    from client_app.state import client_view
+
+    run = {**RUN, "smoke": True, "local-epochs": 2}
+    cfg, _ = client_view(_context(run=run))
+    server = parse_config(run, num_clients=4)
+    assert cfg.as_dict() == server.as_dict() and cfg.presets == server.presets
+    assert cfg["pretrain-rounds"] == 2 and cfg["local-epochs"] == 2  # smoke preset; an explicit key wins
 
 
 # --- the per-node view cache and a node's own data (data-path) --------------------------------------
@@ -108,16 +115,16 @@ def _fresh_process(monkeypatch):
     def no_pool(*_args):
         raise AssertionError("the pool was loaded: the view did not come from the node cache")
 
-    monkeypatch.setattr(state, "load_task_images", no_pool)
+    monkeypatch.setattr(VisionTask, "load_images", no_pool)
 
 
 def test_view_cache_gives_the_built_view_in_a_new_process_without_loading_the_pool(tmp_path, monkeypatch):
     from client_app.state import client_view
 
-    _, built, _ = client_view(_cached_context(tmp_path))
+    _, built = client_view(_cached_context(tmp_path))
     assert len(list(tmp_path.glob("view-*.npz"))) == 1
     _fresh_process(monkeypatch)
-    _, cached, _ = client_view(_cached_context(tmp_path))
+    _, cached = client_view(_cached_context(tmp_path))
     assert cached.client_id == built.client_id
     for name in ("retain_x", "retain_y", "forget_x", "forget_y", "test_x", "test_y", "triggered_test_x"):
         assert torch.equal(getattr(cached, name), getattr(built, name)), name
@@ -133,7 +140,7 @@ def test_view_cache_key_follows_the_request_and_a_damaged_file_is_rebuilt(tmp_pa
     files[0].write_bytes(b"not an npz")
     state._view.cache_clear()
     for ctx in (_cached_context(tmp_path), _cached_context(tmp_path, run={**RUN, "forget-client": 2})):
-        _, data, _ = state.client_view(ctx)
+        _, data = state.client_view(ctx)
         assert data.client_id == 1
     _fresh_process(monkeypatch)  # both files are whole again: nothing loads the pool
     state.client_view(_cached_context(tmp_path))
@@ -160,7 +167,7 @@ def test_data_path_node_reads_its_own_files_and_applies_the_request(tmp_path):
     hello = app(_message("query.hello"), context).content["hello"]
     assert hello["client-id"] == 5 and hello["n-forget"] == 4 and hello["n-retain"] == 36
     assert hello["n-test"] == 9 and hello["n-forget-test"] == 1
-    model = build_model("digits-lenet5", [], seed=0)
+    model = task_for("digits-lenet5").build_model([], seed=0)
     reply = app(_message("train", ArrayRecord(model.state_dict()), role="retain", epochs=1, lr=0.05), context)
     assert reply.content["metrics"]["num-examples"] == 36
 
@@ -230,7 +237,8 @@ def test_vision_client_app_imports_no_llm_or_plotting_stack():
     import sys
 
     code = ("import sys, client_app.app; heavy = [m for m in ('transformers', 'peft', 'matplotlib', 'sklearn', "
-            "'datasets', 'dp_accounting', 'tasks.llm') if m in sys.modules]; print(heavy)")
+            "'datasets', 'dp_accounting', 'tasks.llm.task', 'tasks.llm.model', 'strategies.fedup.client', "
+            "'strategies.fedup.strategy', 'strategies.lethe.strategy') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -238,7 +246,7 @@ def test_vision_client_app_imports_no_llm_or_plotting_stack():
 def test_view_cache_key_covers_every_setting_the_view_code_reads():
     import re
 
-    from client_app.view_cache import ROOT, VIEW_CODE, VIEW_KEYS
+    from tasks.vision.views import ROOT, VIEW_CODE, VIEW_KEYS
 
     read = {key for name in VIEW_CODE for key in re.findall(r'cfg\["([a-z0-9-]+)"\]', (ROOT / name).read_text())}
     not_data = {"download", "poison-epochs"}  # fetches files (their fingerprint is keyed) / epochs, not data

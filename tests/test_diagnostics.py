@@ -1,4 +1,4 @@
-"""Resurfacing diagnostics (paper 001, eq. 5, eq. 24, section V-D)."""
+"""Resurfacing diagnostics (the Lethe paper, eq. 5, eq. 24, section V-D)."""
 
 import math
 

@@ -12,7 +12,7 @@ import pytest
 
 from server_app.inprocess import InProcessGrid
 from server_app.experiment import Experiment
-from strategies.federation import Federation, RoundFailed
+from strategies.common.federation import Federation, RoundFailed
 
 TINY = {"pretrain-rounds": 2, "continue-rounds": 2, "local-epochs": 1, "mia-max-samples": 30,
         "fedup-epochs": 20, "lethe-rectify-rounds": 1, "lethe-restore-rounds": 1, "lethe-adapter-steps": 3}

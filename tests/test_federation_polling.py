@@ -4,7 +4,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from flwr.supercore.task_identity import TaskIdentity
 
-from strategies.federation import Federation
+from strategies.common.federation import Federation
 
 
 class _PushPullGrid:

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from tasks.centroids import class_centroids, divert_targets
-from tasks.fedup_filter import FedUPFilter, train_filter
+from strategies.fedup.centroids import class_centroids, divert_targets
+from strategies.fedup.filter import FedUPFilter, train_filter
 from tasks.model import SplitModel
 
 NUM_CLASSES, DIM, FORGET = 4, 16, 0

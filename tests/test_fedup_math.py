@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from strategies.fedup_math import (
+from strategies.fedup.maths import (
     aggregate_centroids,
     calibrate_sigma,
     centroid_sensitivity,

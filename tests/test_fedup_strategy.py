@@ -6,13 +6,13 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
-import client_app.fedup_client as fedup_client
+import strategies.fedup.client as fedup_client
 from server_app.inprocess import InProcessGrid
-from strategies.base import ModelState, UnlearnContext
-from strategies.federation import Federation
-from strategies.fedup import FedUP, NoUsableCentroids
+from strategies.common.base import ModelState, UnlearnContext
+from strategies.common.federation import Federation
+from strategies.fedup.strategy import FedUP, NoUsableCentroids
 from tasks.config import parse_config
-from tasks.registry import build_model, load_task_images
+from tasks.registry import task_for
 from tasks.requests import build_client_data
 
 RUN = {"scenario": "class", "forget-class": 2, "fedup-epochs": 5, "mia-max-samples": 20}
@@ -24,19 +24,19 @@ def context(run=RUN, clients=3, original=None):
     fed.start_phase("unlearn")
     fed.hello(ConfigRecord({}))
     cfg = parse_config(run, num_clients=clients)
-    original = original or ModelState(ArrayRecord(build_model(cfg["task"], [], seed=0).state_dict()))
-    return UnlearnContext(fed, cfg, original, model_factory=lambda p: build_model(cfg["task"], p, seed=0),
+    original = original or ModelState(ArrayRecord(task_for(cfg["task"]).build_model([], seed=0).state_dict()))
+    return UnlearnContext(fed, cfg, original, model_factory=lambda p: task_for(cfg["task"]).build_model(p, seed=0),
                           retrain=lambda: None)
 
 
 def test_noise_reaches_the_uploaded_centroids():
-    images = load_task_images("digits-lenet5", "", False)
-    model = build_model("digits-lenet5", [], seed=0)
+    images = task_for("digits-lenet5").load_images()
+    model = task_for("digits-lenet5").build_model([], seed=0)
 
     def release(extra):
         cfg = parse_config({**RUN, **extra}, num_clients=3)
         record = fedup_client.centroid_release(cfg, build_client_data(cfg, images, 0, 3), model)
-        return record["centroids"].to_torch_state_dict()["centroids"], record["metrics"]
+        return record["centroids"]["centroids"], record["metrics"]
 
     clean, clean_metrics = release({})
     noisy, noisy_metrics = release({"fedup-sigma": 0.5})
@@ -53,12 +53,10 @@ def test_malformed_upload_is_dropped_and_the_filter_still_trains(monkeypatch, ca
     def nan_for_client_1(cfg, data, model):
         record = real(cfg, data, model)
         if data.client_id == 1:
-            state = record["centroids"].to_torch_state_dict()
-            state["centroids"][0, 0] = float("nan")
-            record["centroids"] = ArrayRecord(state)
+            record["centroids"]["centroids"][0, 0] = float("nan")
         return record
 
-    monkeypatch.setattr("client_app.fedup_client.centroid_release", nan_for_client_1)
+    monkeypatch.setattr("strategies.fedup.client.centroid_release", nan_for_client_1)
     result = FedUP().unlearn(context())
     assert "NaN" in result.details["privacy"]["dropped"][1]
     assert set(result.details["privacy"]["clients"]) == {0, 2}
@@ -68,13 +66,11 @@ def test_malformed_upload_is_dropped_and_the_filter_still_trains(monkeypatch, ca
 def test_no_usable_upload_stops_with_a_message(monkeypatch):
     def wrong_width(cfg, data, model):
         record = real(cfg, data, model)
-        state = record["centroids"].to_torch_state_dict()
-        state["centroids"] = state["centroids"][:, :5]
-        record["centroids"] = ArrayRecord(state)
+        record["centroids"]["centroids"] = record["centroids"]["centroids"][:, :5]
         return record
 
     real = fedup_client.centroid_release
-    monkeypatch.setattr("client_app.fedup_client.centroid_release", wrong_width)
+    monkeypatch.setattr("strategies.fedup.client.centroid_release", wrong_width)
     with pytest.raises(NoUsableCentroids, match="no retained client sent usable centroids"):
         FedUP().unlearn(context())
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from tasks.llm.firm_client import firm_release
-from tasks.llm.fisher import adapted_weight_names, diagonal_fisher, lora_state
+from strategies.firm.client import firm_release
+from strategies.firm.fisher import adapted_weight_names, diagonal_fisher, lora_state
 from tasks.llm.model import build_llm
 from tasks.llm.synthetic import fictitious_authors
 from tasks.llm.train import qa_batches

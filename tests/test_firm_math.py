@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from strategies import firm_math
-from strategies.firm_math import (
+from strategies.firm import maths as firm_math
+from strategies.firm.maths import (
     firm_merge,
     firm_project_all,
     fisher_weighted_average,

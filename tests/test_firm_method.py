@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from client_app.app import app
 from server_app.experiment import Experiment
 from server_app.inprocess import NODE_OFFSET, InProcessGrid
-from strategies.federation import Federation, RoundFailed, RunStopped
+from strategies.common.federation import Federation, RoundFailed, RunStopped
 from tasks.config import ConfigError, parse_config
 from tasks.llm.federation_model import task_llm
 from test_llm_experiment import LLM_KEYS, TINY_LLM, adapter_bytes
@@ -194,7 +194,7 @@ def test_forget_task_vector_is_the_ga_update(trained_adapter):
 
 def test_fisher_query_on_a_vision_task_is_refused():
     run = {"scenario": "client", "forget-client": 1}
-    with pytest.raises(ValueError, match="needs an LLM task"):
+    with pytest.raises(ValueError, match="query.fisher of method firm needs a task of kind llm"):
         _fisher_query({}, run=run)
 
 
@@ -225,5 +225,5 @@ def test_bad_firm_config_is_one_line(overrides, fragment):
 def test_merge_methods_need_the_llm_task(method):
     with pytest.raises(ConfigError) as err:
         parse_config({"method": method})
-    assert f"'method'='{method}' needs an LLM task" in str(err.value) and "\n" not in str(err.value)
+    assert f"'method'='{method}' needs a task of kind llm (llm-tofu)" in str(err.value) and "\n" not in str(err.value)
     assert parse_config({**TINY_LLM, "method": method})["method"] == method

@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from strategies.firm import FIRM, firm_aggregate, merge_baseline, validate_uploads
-from strategies.firm_math import firm_merge, proxy_damage
+from strategies.firm.aggregate import FIRM, firm_aggregate, validate_uploads
+from strategies.merges.merge import merge_baseline
+from strategies.firm.maths import firm_merge, proxy_damage
 
 SHAPES = {"layer.0.weight": (12, 8), "layer.1.weight": (16,)}
 
@@ -42,7 +43,7 @@ def test_malformed_uploads_are_dropped_with_a_warning(caplog):
     bad_role = upload("x4", "helper", 10)
     missing = {k: v for k, v in upload("x5", "forget", 11).items() if k != "fisher"}
     duplicate = upload("f0", "retain", 12)
-    with caplog.at_level(logging.WARNING, logger="strategies.firm"):
+    with caplog.at_level(logging.WARNING, logger="strategies.firm.aggregate"):
         merged, report = FIRM(gamma=1.0).aggregate(good + [bad_shape, negative, nan, bad_role, missing, duplicate])
     assert set(report.dropped) == {"x1", "x2", "x3", "x4", "x5", "f0"}  # the second "f0" is dropped
     assert "duplicate" in report.dropped["f0"]
@@ -136,7 +137,7 @@ def test_merge_baselines_use_the_papers_roles(name, roles):
 def test_proxy_damages_in_report_are_those_of_the_delivered_update():
     uploads = federation(forget=1, retain=1)
     merged, report = FIRM(alpha=1.0, epsilon=1e-3).aggregate(uploads)
-    from strategies.firm_math import normalise_and_sparsify
+    from strategies.firm.maths import normalise_and_sparsify
 
     fisher = normalise_and_sparsify(uploads[1]["fisher"], 1.0, 1e-8)
     for name in SHAPES:

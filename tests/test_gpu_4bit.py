@@ -9,7 +9,7 @@ What must hold (docs/llm.md, docs/firm.md):
   the full-precision model's, and its adapter state has the full-precision model's keys and shapes.
 * LoRA fine-tuning (``local_update``) lowers the answer loss and leaves the packed base untouched.
 * A 4-bit client's FIRM upload (``adapter_release`` with the twin of ``full_precision_twin``, as
-  ``client_app.llm_client.fisher`` builds it) has a full-precision client's keys, is finite, its
+  ``strategies.firm.client.fisher_query`` builds it) has a full-precision client's keys, is finite, its
   Fisher is nonnegative and not all zero, and that Fisher equals the Fisher of a full-precision model
   loaded with the same adapter.
 """
@@ -29,8 +29,8 @@ from peft.tuners.lora import LoraLayer  # noqa: E402
 
 from tasks.config import parse_config  # noqa: E402
 from tasks.llm.federation_model import full_precision_twin, local_update, target_modules, task_llm  # noqa: E402
-from tasks.llm.firm_client import adapter_release  # noqa: E402
-from tasks.llm.fisher import fisher_reference_model, is_quantised  # noqa: E402
+from strategies.firm.client import adapter_release  # noqa: E402
+from strategies.firm.fisher import fisher_reference_model, is_quantised  # noqa: E402
 from tasks.llm.model import LLAMA_TARGET_MODULES, TINY_LAYERS, adapter_state, build_llm, load_adapter_state  # noqa: E402
 from tasks.llm.synthetic import fictitious_authors  # noqa: E402
 from tasks.llm.train import mean_answer_loss, qa_batches  # noqa: E402
@@ -146,7 +146,7 @@ def test_lora_finetuning_of_the_four_bit_model_lowers_the_loss(cfg, records):
 
 # --------------------------------------------------------------------------- FIRM on a 4-bit client
 def test_firm_upload_of_a_four_bit_client_matches_a_full_precision_clients(cfg, records):
-    # The client's model as client_app.llm_client builds it (cached 4-bit model), with a trained
+    # The client's model as tasks.llm.task.LLMTask.client_model builds it (cached 4-bit model), with a trained
     # "original" adapter (B != 0), as the server broadcasts it in FIRM's query.fisher.
     model, tokenizer, fresh = task_llm(cfg, DEVICE)
     assert is_quantised(model)
@@ -157,7 +157,7 @@ def test_firm_upload_of_a_four_bit_client_matches_a_full_precision_clients(cfg, 
                 "lr": cfg["llm-unlearn-lr"], "seed": 7, "fisher_batches": cfg["firm-fisher-batches"]}
     batches = qa_batches(records["forget"], tokenizer, cfg["llm-batch-size"], settings["seed"])
 
-    # 4-bit client: Fisher on the full-precision twin carrying the received adapter (llm_client.fisher)
+    # 4-bit client: Fisher on the full-precision twin carrying the received adapter (strategies.firm.client.fisher_query)
     load_adapter_state(model, original)
     twin = fisher_reference_model(model, load_full_precision=lambda: full_precision_twin(cfg, model, DEVICE))
     assert twin is not model and not is_quantised(twin)

@@ -1,11 +1,11 @@
-"""Lethe's temporary adapter and its Phase-1 gradient ascent (paper 001, eq. 6)."""
+"""Lethe's temporary adapter and its Phase-1 gradient ascent (the Lethe paper, eq. 6)."""
 
 import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tasks.lethe_adapter import LetheAdapter, loss_without_adapter, train_adapter_ascent
+from strategies.lethe.adapter import LetheAdapter, loss_without_adapter, train_adapter_ascent
 from tasks.model import SplitModel, base_state
 
 DIM, CLASSES = 8, 3

@@ -12,10 +12,10 @@ import pytest
 import torch
 from flwr.app import ArrayRecord
 
-from strategies.base import UnlearnContext
-from strategies.federation import Federation, RunStopped
-from strategies.lethe import Lethe
-from strategies.lethe_math import OVERSHOOT, rectify_verdict, scale_update
+from strategies.common.base import UnlearnContext
+from strategies.common.federation import Federation, RunStopped
+from strategies.lethe.strategy import Lethe
+from strategies.lethe.maths import OVERSHOOT, rectify_verdict, scale_update
 from tasks.config import parse_config
 
 

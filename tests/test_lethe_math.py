@@ -1,12 +1,12 @@
-"""Lethe rectification math (paper 001, eqs. 8-13, Proposition IV.1)."""
+"""Lethe rectification math (the Lethe paper, eqs. 8-13, Proposition IV.1)."""
 
 import math
 
 import pytest
 import torch
 
-from strategies.lethe_math import (
-    apply_update,
+from strategies.common.updates import apply_update, weighted_average
+from strategies.lethe.maths import (
     check_gamma,
     clip_to_reference,
     feasible_gamma_range,
@@ -15,7 +15,6 @@ from strategies.lethe_math import (
     layer_gammas,
     remove_forget_component,
     rectify,
-    weighted_average,
 )
 
 SHAPES = {"conv.weight": (4, 3, 3, 3), "conv.bias": (4,), "fc.weight": (10, 7), "fc.bias": (10,), "zero.weight": (5, 2)}

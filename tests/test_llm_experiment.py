@@ -11,11 +11,10 @@ import pytest
 
 from server_app.experiment import Experiment
 from server_app.inprocess import InProcessGrid
-from strategies.federation import Federation
+from strategies.common.federation import Federation
 from tasks.config import ConfigError, parse_config
 from tasks.llm import synthetic
 from tasks.llm.federation_data import author_partition, build_llm_client_data, load_author_records
-from tasks.registry import build_task_model
 
 TINY_LLM = {"task": "llm-tofu", "method": "none", "scenario": "sample", "llm-num-authors": 8, "llm-qa-per-author": 3,
             "llm-forget-fraction": 0.25, "pretrain-rounds": 2, "continue-rounds": 1, "llm-local-epochs": 1,
@@ -43,7 +42,8 @@ def runs(tmp_path_factory):
 
 def adapter_bytes():
     """(float32 bytes of the LoRA adapter, number of its tensors)."""
-    state = build_task_model(parse_config(TINY_LLM)).state_dict()
+    cfg = parse_config(TINY_LLM)
+    state = cfg.task.server_model(cfg, []).state_dict()
     return sum(t.numel() * 4 for t in state.values()), len(state)
 
 
@@ -96,7 +96,7 @@ def test_lethe_rectifies_the_lora_adapter(runs):
 @pytest.mark.parametrize("overrides,fragment", [
     ({"scenario": "class"}, "'scenario'='class' is not meaningful"),
     ({"poison": "backdoor"}, "'poison'='backdoor' is not meaningful"),
-    ({"method": "fedup"}, "'method'='fedup' is not available"),
+    ({"method": "fedup"}, "'method'='fedup' needs a task of kind vision"),
     ({"method": "lethe", "lethe-adapter-steps": 5}, "'lethe-adapter-steps'=5"),
     ({"llm-lora-rank": 0}, "'llm-lora-rank'=0"),
 ])
@@ -107,7 +107,7 @@ def test_bad_llm_config_is_one_line(overrides, fragment):
 
 
 def test_llm_methods_need_the_llm_task():
-    with pytest.raises(ConfigError, match="'method'='npo' needs an LLM task"):
+    with pytest.raises(ConfigError, match=r"'method'='npo' needs a task of kind llm \(llm-tofu\)"):
         parse_config({"method": "npo"})
 
 

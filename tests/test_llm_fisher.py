@@ -1,9 +1,9 @@
-"""Tests for tasks/llm/fisher.py on a tiny randomly initialised Llama + LoRA (no download)."""
+"""Tests for strategies/firm/fisher.py on a tiny randomly initialised Llama + LoRA (no download)."""
 
 import pytest
 import torch
 
-from tasks.llm import fisher as fi
+from strategies.firm import fisher as fi
 from tiny_llm import make_batch, tiny_base, tiny_lora
 
 def tiny_lora_model(seed: int = 0, trained_adapter: bool = True):

@@ -1,4 +1,4 @@
-"""Tests for tasks/llm/objectives.py on a tiny randomly initialised Llama + LoRA (no download)."""
+"""Tests for strategies/objectives/losses.py on a tiny randomly initialised Llama + LoRA (no download)."""
 
 import math
 from types import SimpleNamespace
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from tasks.llm import objectives as obj
+from strategies.objectives import losses as obj
 from tiny_llm import make_batch, tiny_lora
 
 

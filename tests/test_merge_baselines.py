@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from strategies.merge_baselines import (
+from strategies.merges.maths import (
     avg_merge,
     cluster_by_similarity,
     cosine_similarity_matrix,

@@ -6,7 +6,7 @@ import torch
 
 from tasks.config import parse_config
 from tasks.partition import dirichlet_partitions, train_test_split
-from tasks.registry import load_task_images
+from tasks.registry import task_for
 from tasks.requests import build_client_data, resolve_forget_client
 
 N = 10
@@ -14,7 +14,7 @@ N = 10
 
 @pytest.fixture(scope="module")
 def images():
-    return load_task_images("digits-lenet5", "", False)
+    return task_for("digits-lenet5").load_images()
 
 
 def _all(cfg, images, n=N):

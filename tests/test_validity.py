@@ -13,8 +13,8 @@ from flwr.app import ArrayRecord
 
 from server_app.experiment import Experiment
 from server_app.inprocess import InProcessGrid
-from strategies.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite
-from strategies.federation import Federation
+from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite
+from strategies.common.federation import Federation
 from tasks.validity import nonfinite_tensors, validity
 
 GOOD_ORIGINAL = {"test_acc": 0.93, "forget_acc": 0.66}
@@ -201,10 +201,10 @@ def test_backdoor_client_pretrains_on_clean_copies_and_label_flip_on_poison_epoc
     triggered samples together with clean copies (true labels) at the federation's epochs; only a
     label-flip client runs poison-epochs, and only while the original is trained."""
     from tasks.config import parse_config
-    from tasks.registry import load_task_images
+    from tasks.registry import task_for
     from tasks.requests import build_client_data
 
-    images = load_task_images("digits-lenet5", "", False)
+    images = task_for("digits-lenet5").load_images()
     backdoor = parse_config({"scenario": "client", "poison": "backdoor", "forget-client": 2}, num_clients=5)
     leaving, other = build_client_data(backdoor, images, 2, 5), build_client_data(backdoor, images, 0, 5)
     assert len(leaving.pretrain_only_y) == len(leaving.forget_y) > 0 and len(other.pretrain_only_y) == 0

@@ -8,7 +8,7 @@ frozen base never changes and each message loads its adapter before use, so shar
 
 The server never runs the LLM: :class:`AdapterModel` exposes the adapter's tensors under the
 names that travel (``state_dict`` / ``named_parameters``), which is all FedAvg, the cache and
-Lethe's layer-wise rectification need (every adapter tensor is a parameter; there are no buffers).
+layer-wise server rules need (every adapter tensor is a parameter; there are no buffers).
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ from typing import Iterator
 import torch
 
 from tasks.llm.model import adapter_state, build_llm, load_adapter_state
-from tasks.llm.objectives import attach_reference_logprobs, make_objective
-from tasks.llm.train import finetune, qa_batches
-
-OBJECTIVE_NAMES = ("ce", "ascent", "npo", "simnpo")
+from tasks.llm.train import ce, finetune, qa_batches
 
 
 def target_modules(cfg) -> tuple[str, ...]:
@@ -50,7 +47,7 @@ def task_llm(cfg, device: torch.device | None = None):
 
 def full_precision_twin(cfg, model, device: torch.device | None = None):
     """The run's model loaded without 4-bit quantisation, carrying ``model``'s current adapter: where a
-    4-bit client takes its FIRM Fisher (the paper computes it on a separately loaded bf16/fp32 copy).
+    4-bit client takes a Fisher on full-precision weights (a separately loaded bf16/fp32 copy).
     Built once per process like ``task_llm``; the adapter is reloaded on every call."""
     device = device or torch.device("cpu")
     twin = _built(cfg["llm-model"], cfg["llm-lora-rank"], cfg["llm-lora-alpha"], target_modules(cfg), False,
@@ -77,24 +74,14 @@ def server_adapter_model(cfg) -> AdapterModel:
     return AdapterModel(task_llm(cfg)[2])
 
 
-def local_update(model, tokenizer, records: list[dict], *, objective: str, cfg, epochs: int, lr: float,
-                 seed: int) -> float:
-    """Train the adapter on ``records`` with ``objective``; the mean loss of the last epoch.
-
-    ``ce`` is fine-tuning; ``ascent`` / ``npo`` / ``simnpo`` are the unlearning objectives of
-    ``tasks.llm.objectives`` (NPO's beta ``llm-npo-beta``, SimNPO's ``llm-simnpo-beta`` /
-    ``llm-simnpo-gamma``). NPO's reference is the received model (adapter included), computed once
-    before the first step.
-    """
-    if objective not in OBJECTIVE_NAMES:
-        raise ValueError(f"objective {objective!r} is not an LLM objective: must be one of {', '.join(OBJECTIVE_NAMES)}")
-    params = {"npo": {"beta": cfg["llm-npo-beta"]},
-              "simnpo": {"beta": cfg["llm-simnpo-beta"], "gamma": cfg["llm-simnpo-gamma"]}}.get(objective, {})
-    loss_fn = make_objective(objective, **params)
+def local_update(model, tokenizer, records: list[dict], *, cfg, epochs: int, lr: float, seed: int,
+                 loss_fn=None, prepare=None) -> float:
+    """Train the adapter on ``records`` with ``loss_fn`` (default: the task's answer-token
+    cross-entropy ``tasks.llm.train.ce``); the mean loss of the last epoch. ``prepare(model, batches)``
+    may return the batches with what the loss needs precomputed (a reference model's log-probs)."""
+    loss_fn = loss_fn or ce
     batches = qa_batches(records, tokenizer, cfg["llm-batch-size"], seed)
-    if objective == "npo":
-        device = next(model.parameters()).device
-        on_device = [{k: v.to(device) for k, v in b.items()} for b in batches]
-        batches = attach_reference_logprobs(model, on_device, disable_adapter=False)
+    if prepare is not None:
+        batches = prepare(model, batches)
     history = finetune(model, batches, epochs, lr, seed, loss_fn=lambda m, b: loss_fn(m, b))
     return history[-1] if history else float("nan")

@@ -20,6 +20,8 @@ import random
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 IGNORE_INDEX = -100
 
@@ -140,3 +142,28 @@ def finetune(model, batches: Sequence[dict[str, torch.Tensor]], epochs: int, lr:
             history.append(total / max(len(batches), 1))
     model.eval()
     return history
+
+
+def sequence_logprob(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed answer-token log-probability per sequence and the number of answer tokens.
+
+    Returns ``(logp, n_tokens)``, both of shape (B,); ``logp`` is float32 and differentiable.
+    """
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    labels = batch["labels"][:, 1:]
+    token_nll = F.cross_entropy(
+        logits[:, :-1].float().transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none"
+    )
+    return -token_nll.sum(dim=1), (labels != IGNORE_INDEX).sum(dim=1)
+
+
+def _require_answer_tokens(n_tokens: torch.Tensor) -> None:
+    if int(n_tokens.sum()) == 0:
+        raise ValueError("batch['labels'] has no answer tokens (all -100); need at least one label")
+
+
+def ce(model: nn.Module, batch: dict, **ctx) -> torch.Tensor:
+    """Answer-token cross entropy averaged over all answer tokens of the batch."""
+    logp, n_tokens = sequence_logprob(model, batch)
+    _require_answer_tokens(n_tokens)
+    return -logp.sum() / n_tokens.sum()

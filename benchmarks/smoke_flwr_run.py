@@ -1,0 +1,72 @@
+"""The smoke setting under the real ``flwr run . --stream``: seconds per registered method.
+
+A federation's own CI runs ``flwr run . --stream --run-config "smoke=true method=..."``; this
+prints, per method (on the first task kind it declares), the wall seconds of that command — Ray
+start, the managed local SuperLink, every phase — and whether it finished with a results folder.
+Each run uses its own Flower home and free local ports, and stops the SuperLink it started by pid.
+
+    python benchmarks/smoke_flwr_run.py [--methods fedup,lethe] [--supernodes 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from launch_federation import free_port, stop_local_superlink  # noqa: E402
+from strategies.registry import all_methods  # noqa: E402
+
+TASK_OF_KIND = {"vision": "digits-lenet5", "llm": "llm-tofu"}
+
+
+def smoke_run(method: str, task: str, supernodes: int, folder: Path) -> tuple[float, bool, str]:
+    """(seconds, finished with a results folder, last log line) of one smoke ``flwr run``."""
+    home = folder / "flwr-home"
+    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()), "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
+    run_config = (f"smoke=true task='{task}' method='{method}' cache-dir='{folder / 'cache'}' "
+                  f"outputs-dir='{folder / 'out'}'")
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run([str(Path(sys.executable).with_name("flwr")), "run", ".", "--stream", "--federation-config",
+                               f"num-supernodes={supernodes} client-resources-num-cpus=1", "--run-config", run_config],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        log = proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as err:
+        log = f"timed out after {err.timeout}s"
+    finally:
+        stop_local_superlink(home)
+    seconds = time.perf_counter() - started
+    done = re.search(r"fedunlearn results folder: (\S+)", log) is not None
+    return seconds, done, (log.strip().splitlines() or [""])[-1][:120]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", default="", help="comma-separated; default: every registered method")
+    parser.add_argument("--supernodes", type=int, default=3)
+    args = parser.parse_args()
+    wanted = [m for m in args.methods.split(",") if m]
+    print("| method | task | seconds | finished |\n| --- | --- | --- | --- |", flush=True)
+    for spec in all_methods():
+        if wanted and spec.name not in wanted:
+            continue
+        task = TASK_OF_KIND[spec.task_kinds[0]]
+        with tempfile.TemporaryDirectory() as tmp:
+            seconds, done, last = smoke_run(spec.name, task, max(args.supernodes, 4 if task == "llm-tofu" else 2),
+                                            Path(tmp))
+        print(f"| {spec.name} | {task} | {seconds:.1f} | {'yes' if done else 'NO: ' + last} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

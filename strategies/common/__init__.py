@@ -1,0 +1,1 @@
+"""What several methods share: the federation, role-wise FedAvg rounds, model states and updates."""

@@ -1,0 +1,63 @@
+"""What every unlearning method provides to the ServerApp.
+
+A method is a Flower ``Strategy`` (it aggregates what clients send) with an ``unlearn`` entry
+point: given the federation and the original model, return the unlearned model. Reversible
+methods also ``restore``. The ServerApp knows nothing else about a method's internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from flwr.app import ArrayRecord
+
+from strategies.common.federation import Federation
+
+
+@dataclass
+class ModelState:
+    """Weights plus the plug-in specs they belong to (the architecture clients must build)."""
+
+    arrays: ArrayRecord
+    plugins: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class UnlearnContext:
+    """Everything a method may use: the federation, the typed config, the original model.
+
+    ``model_factory(plugins)`` builds a fresh model of the task (server-side filter training);
+    ``train_config`` holds the run's local-training settings for ``train`` messages;
+    ``retrain`` returns the cached retrain-oracle model (computing it when missing).
+    """
+
+    fed: Federation
+    cfg: object
+    original: ModelState
+    model_factory: Callable[[list[dict]], object]
+    retrain: Callable[[], ModelState]
+
+
+@dataclass
+class UnlearnResult:
+    """The unlearned model and method-specific facts that go into results.json under ``method``."""
+
+    model: ModelState
+    details: dict = field(default_factory=dict)
+    #: the unlearned model is a cached build of this kind (``retrain``): its unlearning cost is what
+    #: building it cost, not the cache lookup of this run
+    built: str | None = None
+
+
+class UnlearningMethod:
+    """Interface: ``unlearn`` (required) and, for ``reversible`` methods, ``restore``."""
+
+    name = "abstract"
+    reversible = False
+
+    def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
+        raise NotImplementedError
+
+    def restore(self, unlearned: ModelState, ctx: UnlearnContext) -> ModelState:
+        raise NotImplementedError(f"method '{self.name}' is not reversible")

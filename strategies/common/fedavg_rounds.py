@@ -1,0 +1,117 @@
+"""FedAvg over the clients that hold data of one role (all / retain / forget).
+
+Pretraining (role ``all``), the retrain oracle, continued training and Lethe's restore rounds
+(role ``retain``) are all this strategy: Flower's ``FedAvg`` aggregation, with node sampling
+restricted to the nodes whose hello counts show data of the role, sampled with the run's seed.
+``mean_update`` is the same weighting applied to a list of replies (one-round methods, Lethe's streams).
+
+Every aggregated model is checked before it is used: a non-finite one ends the phase with
+:class:`ModelDiverged` naming the phase, the round and the method, so a NaN model is never scored,
+cached or trained on silently (continued training catches it and marks the curve instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Callable, Iterable
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from strategies.common.federation import Federation, RunStopped
+from strategies.common.updates import weighted_average
+from tasks.validity import nonfinite_tensors
+
+log = logging.getLogger("fedunlearn")
+
+
+def mean_update(contents: Iterable[RecordDict], start: dict, keys: Iterable[str]) -> dict:
+    """Example-count-weighted mean of ``arrays - start`` over ``keys`` for reply contents holding
+    ``arrays`` and ``metrics`` (FedAvg's eq. 1 applied to updates): what one-round methods apply and
+    what Lethe calls a stream."""
+    updates, weights = [], []
+    for content in contents:
+        state = content["arrays"].to_torch_state_dict()
+        updates.append({k: state[k] - start[k] for k in keys})
+        weights.append(int(content["metrics"]["num-examples"]))
+    return weighted_average(updates, weights)
+
+
+class ModelDiverged(RunStopped):
+    """A phase produced a model with non-finite weights. ``round_no`` is the round that produced it
+    and ``last_finite`` the model before that round (what a caller may still report on)."""
+
+    def __init__(self, message: str, *, round_no: int, last_finite: ArrayRecord | None = None):
+        super().__init__(message)
+        self.round_no, self.last_finite = round_no, last_finite
+
+
+def require_finite(arrays: ArrayRecord, *, phase: str, round_no: int, method: str,
+                   last_finite: ArrayRecord | None = None) -> None:
+    """Raise :class:`ModelDiverged` (one line: phase, round, method, first bad tensor) unless every
+    floating-point tensor of ``arrays`` is finite."""
+    bad = nonfinite_tensors(arrays.to_torch_state_dict())
+    if bad:
+        raise ModelDiverged(f"phase '{phase}' round {round_no} (method '{method}'): the model has non-finite "
+                            f"weights in {len(bad)} tensor(s), first '{bad[0]}'",
+                            round_no=round_no, last_finite=last_finite)
+
+
+ROLE_COUNT_KEY = {"all": "n-all", "retain": "n-retain", "forget": "n-forget"}
+
+
+class RoleFedAvg(FedAvg):
+    """FedAvg whose ``configure_train`` samples only nodes with data of ``role``."""
+
+    def __init__(self, fed: Federation, role: str, *, fraction_train: float, seed: int):
+        super().__init__(fraction_train=fraction_train, fraction_evaluate=0.0,
+                         weighted_by_key="num-examples", arrayrecord_key="arrays", configrecord_key="config")
+        if role not in ROLE_COUNT_KEY:
+            raise ValueError(f"role {role!r} is unknown: must be all, retain or forget")
+        self.fed, self.role, self.seed = fed, role, seed
+
+    def eligible_nodes(self) -> list[int]:
+        return self.fed.nodes_with(ROLE_COUNT_KEY[self.role])
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        eligible = self.eligible_nodes()
+        if not eligible:
+            raise ValueError(f"no client holds '{self.role}' data: nothing to train on")
+        size = max(1, round(self.fraction_train * len(eligible)))
+        chosen = sorted(random.Random(self.seed * 100003 + server_round).sample(eligible, size))
+        config = ConfigRecord({**dict(config), "role": self.role, "server-round": server_round})
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return self._construct_messages(record, chosen, "train")
+
+
+def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, rounds: int,
+               config: ConfigRecord, label: str, method: str,
+               after_round: Callable[[int, ArrayRecord], None] | None = None) -> ArrayRecord:
+    """``rounds`` rounds of configure -> exchange -> aggregate; logs progress with an ETA.
+
+    Each aggregated model must be finite (:func:`require_finite`, ``method`` names the run's
+    method in the error). ``after_round(r, arrays)`` runs after each round (used to measure
+    forgetting per round).
+    """
+    started = time.perf_counter()
+    cost = fed.cost(fed.phase)
+    for server_round in range(1, rounds + 1):
+        messages = list(strategy.configure_train(server_round, arrays, config, fed.grid))
+        replies = fed.exchange(messages, round_no=server_round)
+        new_arrays, metrics = strategy.aggregate_train(server_round, replies)
+        if new_arrays is None:
+            raise RuntimeError(f"phase '{fed.phase}' round {server_round}: aggregation produced no model")
+        require_finite(new_arrays, phase=fed.phase, round_no=server_round, method=method, last_finite=arrays)
+        arrays = new_arrays
+        cost.rounds += 1
+        if after_round is not None:
+            after_round(server_round, arrays)
+        elapsed = time.perf_counter() - started
+        loss = float(metrics["loss"]) if metrics and "loss" in metrics else float("nan")
+        log.info("[%s] round %d/%d  loss %.4f  elapsed %.1fs  eta %.1fs", label, server_round, rounds,
+                 loss, elapsed, elapsed / server_round * (rounds - server_round))
+    return arrays

@@ -1,0 +1,131 @@
+"""FedUP (the FedUP paper): one-shot unlearning with DP class centroids and a reversible plug-in filter.
+
+One round: the retained clients receive the model and answer ``query.centroids`` with noised
+class centroids of their retained features (``strategies.fedup.client``). The server drops
+malformed uploads (NaN/Inf, wrong width, labels outside the task) with a warning, concatenates the
+rest (eq. 12), and trains a fresh encoder-decoder filter on them with alpha*CE + (1-alpha)*MSE
+(eqs. 16-19), extractor, earlier plug-ins and head frozen. The filter is appended to the model's
+plug-ins, between extractor and head; the base weights are never touched.
+
+Forget centroids (flagged by the clients, ``fedup-forget-centroids=divert``; see
+``strategies.fedup.client``) get targets spread over the classes other than their trained label
+(``fedup-targets=soft``, the expectation of the paper's random relabelling, which is fragile —
+see ``strategies.fedup.centroids.divert_targets``) or one random other class each (``random``).
+
+Several requests **stack**: each adds its own filter after the existing ones, trained on the
+features those produce. ``restore`` removes the filter this request added (the last one) and gives
+back exactly the model the request started from. Restoring an earlier request of a stack means
+removing its filter and those after it, then re-running the later requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg
+
+from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
+from strategies.common.federation import RunStopped
+from strategies.fedup.maths import aggregate_centroids, validate_centroid_upload
+from strategies.fedup.centroids import divert_targets, relabel_forget_rows
+from strategies.fedup.filter import FILTER_KIND, train_filter
+from tasks.model import PLUGIN_PREFIX
+from tasks.plugins import specs_to_json
+
+log = logging.getLogger("fedunlearn")
+
+
+class NoUsableCentroids(RunStopped):
+    """No retained client sent a usable centroid upload."""
+
+
+class FedUP(FedAvg, UnlearningMethod):
+    """Server side of FedUP; reversible."""
+
+    name = "fedup"
+    reversible = True
+
+    def __init__(self):
+        super().__init__(fraction_train=0.0, fraction_evaluate=0.0)
+
+    def collect(self, ctx: UnlearnContext) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Query the retained clients once; validated, concatenated centroids and privacy report."""
+        cfg, fed = ctx.cfg, ctx.fed
+        role_key = "n-all" if cfg["fedup-forget-centroids"] == "divert" else "n-retain"
+        content = RecordDict({"arrays": ctx.original.arrays,
+                              "config": ConfigRecord({"plugins": specs_to_json(ctx.original.plugins)})})
+        replies = fed.broadcast(fed.nodes_with(role_key), "query.centroids", content, round_no=1)
+        fed.cost(fed.phase).rounds += 1
+        feature_dim = ctx.model_factory(ctx.original.plugins).feature_dim
+        uploads, privacy, dropped = [], {}, {}
+        for reply in replies:
+            client = fed.client_id(reply.metadata.src_node_id)
+            record = reply.content["centroids"].to_torch_state_dict()
+            reason = validate_centroid_upload(record.get("centroids", torch.zeros(0)),
+                                              record.get("labels", torch.zeros(0)),
+                                              feature_dim=feature_dim, num_classes=cfg.num_classes)
+            flags = record.get("forget")
+            if reason is None and (flags is None or flags.shape != record["labels"].shape
+                                   or bool(((flags != 0) & (flags != 1)).any())):
+                reason = "forget flags missing, mis-shaped or not 0/1"
+            if reason is not None:
+                log.warning("[fedup] dropping the upload of client %d: %s", client, reason)
+                dropped[client] = reason
+                continue
+            uploads.append((record["centroids"], record["labels"], record["forget"].bool()))
+            privacy[client] = {k: reply.content["metrics"][k]
+                               for k in ("epsilon", "epsilon-eq22", "delta", "sigma", "num-centroids", "seconds")}
+        if not uploads:
+            raise NoUsableCentroids("phase 'unlearn': no retained client sent usable centroids "
+                                    f"({len(dropped)} upload(s) dropped): FedUP cannot train its filter")
+        centroids, labels = aggregate_centroids([(c, y) for c, y, _ in uploads])
+        forget = torch.cat([f for _, _, f in uploads])
+        return centroids, labels, forget, {"clients": privacy, "dropped": dropped}
+
+    def targets(self, ctx: UnlearnContext, labels: torch.Tensor, forget: torch.Tensor) -> torch.Tensor:
+        """Training targets: the labels, with forget centroids diverted to the other classes."""
+        cfg = ctx.cfg
+        if cfg["fedup-targets"] == "soft":
+            return divert_targets(labels, forget, cfg.num_classes)
+        return relabel_forget_rows(labels, forget, cfg.num_classes, seed=cfg["seed"])
+
+    def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
+        cfg = ctx.cfg
+        centroids, labels, forget, privacy = self.collect(ctx)
+        spec = {"kind": FILTER_KIND, "bottleneck": cfg["fedup-bottleneck"], "seed": cfg["seed"]}
+        plugins = ctx.original.plugins + [spec]
+        model = ctx.model_factory(plugins)
+        model.load_state_dict({**model.state_dict(), **ctx.original.arrays.to_torch_state_dict()})
+        started = time.perf_counter()
+        history = train_filter(model.plugins[-1], model.head, centroids, self.targets(ctx, labels, forget),
+                               alpha=cfg["fedup-alpha"], epochs=cfg["fedup-epochs"], lr=cfg["fedup-lr"],
+                               batch_size=cfg["fedup-batch-size"], optimizer=cfg["fedup-optimizer"],
+                               seed=cfg["seed"])
+        filter_seconds = time.perf_counter() - started
+        epsilons = [c["epsilon"] for c in privacy["clients"].values()]
+        log.info("[fedup] filter trained on %d centroids from %d clients; max client epsilon %s",
+                 len(labels), len(privacy["clients"]), max(epsilons))
+        details = {"privacy": privacy, "filter_seconds": round(filter_seconds, 4),
+                   "centroid_seconds": {c: round(p["seconds"], 4) for c, p in privacy["clients"].items()},
+                   "num_centroids": int(len(labels)), "num_forget_centroids": int(forget.sum()),
+                   "centroids_per_class": dict(sorted(Counter(labels.tolist()).items())),
+                   "filter_final_loss": {k: v[-1] for k, v in history.items()},
+                   "max_epsilon": max(epsilons) if all(math.isfinite(e) for e in epsilons) else None}
+        # the base tensors are the original's own (not a round trip through the module, which would
+        # cast e.g. averaged BatchNorm counters), so unplugging gives the original bit for bit
+        prefix = f"{PLUGIN_PREFIX}{len(plugins) - 1}."
+        new_filter = {k: v for k, v in model.state_dict().items() if k.startswith(prefix)}
+        state = {**ctx.original.arrays.to_torch_state_dict(), **new_filter}
+        return UnlearnResult(ModelState(ArrayRecord(state), plugins), details)
+
+    def restore(self, unlearned: ModelState, ctx: UnlearnContext) -> ModelState:
+        """Unplug the filter this request added: the model it started from, bit for bit."""
+        index = len(unlearned.plugins) - 1
+        prefix = f"{PLUGIN_PREFIX}{index}."
+        state = {k: v for k, v in unlearned.arrays.to_torch_state_dict().items() if not k.startswith(prefix)}
+        return ModelState(ArrayRecord(state), unlearned.plugins[:-1])

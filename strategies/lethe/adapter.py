@@ -1,0 +1,190 @@
+"""Lethe's temporary adapter (the Lethe paper, section IV-A, Phase 1 "amplify").
+
+The paper only says "a lightweight temporary adapter φ" attached to the frozen backbone and trained
+by gradient ascent on the unlearning set (eq. 6). It does not give its form. Our choice, so that it
+works for every vision model here without knowing the architecture: a residual bottleneck adapter
+that sits in ``SplitModel.plugins`` between the feature extractor and the head,
+
+    adapter(z) = z + W_up · relu(W_down · z + b_down) + b_up,     z ∈ R^(B×d),
+
+with ``W_down: d -> h`` initialised from a seeded generator (Kaiming-uniform, like ``nn.Linear``)
+and ``W_up, b_up`` zero-initialised, so a freshly attached adapter is exactly the identity and the
+composite model starts as the original model. ``h = max(1, d // 4)`` unless given.
+
+Eq. 6 is plain gradient ascent, ``φ ← φ + η ∇_φ L(w_ori, φ; D_u)`` with cross-entropy ``L``. We take
+*normalised* steps, ``φ ← φ + η ∇_φ L / ‖∇_φ L‖`` (global norm over the adapter; no momentum, no
+weight decay): the memorised forget set starts with near-zero gradients that grow as the loss
+grows, so plain steps first crawl and then explode. Measured on digits with the plain rule (lr 1.0,
+stop at 3 nats on a batch), the composite model's forget loss after the stopping step was 3.6, 28
+or 2741 nats depending only on the seed, and the largest ones wrecked rectification; normalised
+steps of 0.05 moved each adapter by the same distance per step and landed within ~1 nat of the
+threshold for every seed. Gradient ascent on cross-entropy has no maximum, so
+:func:`train_adapter_ascent` bounds it (the paper is silent):
+
+- before each step the mini-batch loss is measured; once it reaches ``max_loss`` (default 10 nats,
+  i.e. the true class gets probability ~4.5e-5) training stops: the adapter already "amplifies"
+  forgetting as much as is useful and further steps only blow up the logits;
+- if a step makes any adapter parameter non-finite, that step is undone and training stops.
+
+The backbone is frozen: only the adapter's parameters are changed, gradients are taken with
+``torch.autograd.grad`` with respect to the adapter only (no ``.grad`` is written anywhere), and the
+rest of the model runs in ``eval`` mode so BatchNorm statistics do not move; training flags are
+restored afterwards. The backbone is therefore bit-identical after the call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from strategies.lethe.settings import SETTINGS
+from tasks.model import SplitModel
+
+DEFAULT_MAX_LOSS = next(s.default for s in SETTINGS if s.key == "lethe-adapter-max-loss")  # the run config's
+ADAPTER_KIND = "lethe-adapter"  # the plug-in kind this package registers
+
+
+class LetheAdapter(nn.Module):
+    """Residual bottleneck ``z + up(relu(down(z)))`` on (B, dim) features; identity at initialisation."""
+
+    def __init__(self, dim: int, seed: int, hidden: int | None = None):
+        super().__init__()
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1 (the model's feature_dim), got {dim}")
+        hidden = max(1, dim // 4) if hidden is None else hidden
+        if hidden < 1:
+            raise ValueError(f"hidden must be >= 1, got {hidden}")
+        self.dim = dim
+        self.down = nn.Linear(dim, hidden)
+        self.up = nn.Linear(hidden, dim)
+        generator = torch.Generator().manual_seed(seed)
+        bound = 1.0 / math.sqrt(dim)  # nn.Linear's default range, drawn from our own generator
+        with torch.no_grad():
+            self.down.weight.uniform_(-bound, bound, generator=generator)
+            self.down.bias.uniform_(-bound, bound, generator=generator)
+            self.up.weight.zero_()
+            self.up.bias.zero_()
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        if z.dim() != 2 or z.shape[1] != self.dim:
+            raise ValueError(f"LetheAdapter expects features of shape (batch, {self.dim}), got {tuple(z.shape)}")
+        return z + self.up(F.relu(self.down(z)))
+
+
+def _batches(data, batch_size: int, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Endless stream of (x, y) batches from a tensor pair (seeded reshuffles) or a re-iterable loader."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
+        x, y = data
+        if len(x) != len(y) or len(x) == 0:
+            raise ValueError(f"forget data: need equally many (> 0) inputs and labels, got {len(x)} and {len(y)}")
+        while True:
+            order = torch.randperm(len(x), generator=generator)
+            for start in range(0, len(x), batch_size):
+                idx = order[start : start + batch_size]
+                yield x[idx], y[idx]
+    if not isinstance(data, Iterable):
+        raise ValueError("forget data must be an (inputs, labels) tensor pair or an iterable of such batches")
+    while True:
+        empty = True
+        for x, y in data:
+            empty = False
+            yield x, y
+        if empty:
+            raise ValueError("forget data loader yielded no batches")
+
+
+def train_adapter_ascent(
+    model: SplitModel,
+    adapter_index: int,
+    data,
+    steps: int,
+    lr: float,
+    seed: int,
+    max_loss: float = DEFAULT_MAX_LOSS,
+    batch_size: int = 32,
+) -> dict[str, float]:
+    """Eq. 6: ``steps`` normalised gradient-ascent steps (length ``lr`` each) on the forget set, updating only
+    ``model.plugins[adapter_index]``.
+
+    ``data`` is an ``(inputs, labels)`` tensor pair (shuffled into ``batch_size`` mini-batches with
+    a generator seeded by ``seed``) or any re-iterable of ``(inputs, labels)`` batches such as a
+    DataLoader (its own order is used; it is cycled if ``steps`` exceeds its length).
+    ``steps == 0`` changes nothing. Returns ``{"steps": steps actually taken, "loss_start": loss of
+    the first batch before any step, "loss_end": last measured batch loss, "stopped_early": 0/1}``
+    (losses are ``nan`` when ``steps == 0``).
+    """
+    if steps < 0:
+        raise ValueError(f"lethe-adapter-steps must be >= 0, got {steps}")
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lethe-adapter-lr must be a finite number > 0, got {lr}")
+    if not (math.isfinite(max_loss) and max_loss > 0):
+        raise ValueError(f"max_loss must be a finite number > 0, got {max_loss}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= adapter_index < len(model.plugins):
+        raise ValueError(f"adapter_index must index model.plugins (0..{len(model.plugins) - 1}), got {adapter_index}")
+    adapter = model.plugins[adapter_index]
+    params = [p for p in adapter.parameters() if p.is_floating_point()]
+    if not params:
+        raise ValueError(f"model.plugins[{adapter_index}] has no parameters to train")
+
+    metrics = {"steps": 0.0, "loss_start": math.nan, "loss_end": math.nan, "stopped_early": 0.0}
+    if steps == 0:
+        return metrics
+
+    device = params[0].device
+    was_training = {m: m.training for m in model.modules()}
+    model.eval()
+    adapter.train()
+    batches = _batches(data, batch_size, torch.Generator().manual_seed(seed))
+    try:
+        for _ in range(steps):
+            x, y = next(batches)
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))
+            value = float(loss.detach())
+            if math.isnan(metrics["loss_start"]):
+                metrics["loss_start"] = value
+            metrics["loss_end"] = value
+            if not math.isfinite(value) or value >= max_loss:
+                metrics["stopped_early"] = 1.0
+                break
+            grads = torch.autograd.grad(loss, params)
+            norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
+            if norm == 0.0:
+                metrics["stopped_early"] = 1.0  # nothing to ascend along
+                break
+            before = [p.detach().clone() for p in params]
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p.add_(g, alpha=lr / norm)  # normalised ascent: φ ← φ + η ∇φ L / ‖∇φ L‖
+                if not all(bool(torch.isfinite(p).all()) for p in params):
+                    for p, old in zip(params, before):
+                        p.copy_(old)
+                    metrics["stopped_early"] = 1.0
+                    break
+            metrics["steps"] += 1
+    finally:
+        for module, flag in was_training.items():
+            module.train(flag)
+    return metrics
+
+
+@torch.no_grad()
+def loss_without_adapter(model: SplitModel, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512) -> float:
+    """Mean cross-entropy of the model with every ``LetheAdapter`` plug-in bypassed (other plug-ins,
+    e.g. a filter, stay), in eval mode: how much the *backbone* alone has forgotten ``(x, y)``.
+
+    Lethe's rectification stops on this figure (``lethe-stop-loss``); the composite model's own
+    loss says nothing about it, since the adapter was trained to make it large. Clients report it
+    in their ``train`` reply (``loss-before``, the task's ``loss_bypassing`` of this kind).
+    """
+    return model.loss_bypassing(x, y, {ADAPTER_KIND}, batch_size)
+
+
+def build_plugin(spec: dict, feature_dim: int) -> LetheAdapter:
+    """The registered builder of plug-in kind :data:`ADAPTER_KIND`."""
+    return LetheAdapter(feature_dim, seed=int(spec.get("seed", 0)))

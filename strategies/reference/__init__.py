@@ -1,0 +1,10 @@
+"""``none`` and ``retrain``: the origin and the oracle every comparison is read against (any task)."""
+
+from strategies.registry import MethodSpec
+
+METHODS = (
+    MethodSpec("none", "the original model (the origin row of every table)",
+               "strategies.reference.strategy:NoUnlearning", task_kinds=("vision", "llm")),
+    MethodSpec("retrain", "FedAvg from scratch on retained data: the exact-unlearning oracle (cached; also the RR "
+               "reference)", "strategies.reference.strategy:Retrain", task_kinds=("vision", "llm")),
+)

@@ -1,0 +1,58 @@
+"""The project stands alone: every file or module its docs and docstrings name exists in it."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOP = ("server_app", "client_app", "strategies", "tasks", "benchmarks", "scripts", "docs", "tests")
+PATH = re.compile(r"`((?:%s)/[\w./-]*\.(?:py|md|sh|toml))" % "|".join(TOP))
+MODULE = re.compile(r"``((?:server_app|client_app|strategies|tasks)(?:\.\w+)+)")
+
+
+def _texts():
+    for path in [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("*/**/*.py")]:
+        if ".git" not in path.parts:
+            yield path, path.read_text(encoding="utf-8")
+
+
+def _module_file(parts: list[str]) -> Path | None:
+    base = ROOT / Path(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _module_exists(dotted: str) -> bool:
+    """``a.b.c`` names a module, or a name defined in one (``a.b`` defines ``c``; ``c.d`` a method)."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        found = _module_file(parts[:end])
+        if found is not None:
+            if end == len(parts):
+                return True
+            name = parts[end]
+            return re.search(rf"^\s*(def|class)\s+{name}\b|^{name}\s*[:=]|^\s+{name}\s*=|import .*\b{name}\b",
+                             found.read_text(encoding="utf-8"), re.M) is not None
+    return False
+
+
+def test_every_file_named_in_docs_and_docstrings_exists():
+    missing = sorted({f"{path.relative_to(ROOT)}: {name}" for path, text in _texts()
+                      for name in PATH.findall(text) if not (ROOT / name.rstrip(".")).exists()})
+    assert not missing, missing
+
+
+def test_every_module_named_in_docstrings_exists():
+    missing = sorted({f"{path.relative_to(ROOT)}: {name}" for path, text in _texts()
+                      for name in MODULE.findall(text) if not _module_exists(name)})
+    assert not missing, missing
+
+
+def test_nothing_points_outside_the_repository():
+    outside = sorted({str(path.relative_to(ROOT)) for path, text in _texts()
+                      if re.search(r"DESIGN\.md|\.\./shared|papers/\d{3}|paper `?\d{3}", text)})
+    assert not outside, outside

@@ -1,7 +1,8 @@
 """The smoke setting under the real ``flwr run . --stream``: seconds per registered method.
 
 A federation's own CI runs ``flwr run . --stream --run-config "smoke=true method=..."``; this
-prints, per method (on the first task kind it declares), the wall seconds of that command — Ray
+prints, per method (on the first task kind it declares, in its sample scenario or else its first
+one), the wall seconds of that command with ``--supernodes`` nodes — Ray
 start, the managed local SuperLink, every phase — and whether it finished with a results folder.
 Each run uses its own Flower home and free local ports, and stops the SuperLink it started by pid.
 
@@ -29,12 +30,12 @@ from strategies.registry import all_methods  # noqa: E402
 TASK_OF_KIND = {"vision": "digits-lenet5", "llm": "llm-tofu"}
 
 
-def smoke_run(method: str, task: str, supernodes: int, folder: Path) -> tuple[float, bool, str]:
+def smoke_run(method: str, task: str, scenario: str, supernodes: int, folder: Path) -> tuple[float, bool, str]:
     """(seconds, finished with a results folder, last log line) of one smoke ``flwr run``."""
     home = folder / "flwr-home"
     env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()), "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
-    run_config = (f"smoke=true task='{task}' method='{method}' cache-dir='{folder / 'cache'}' "
+    run_config = (f"smoke=true task='{task}' method='{method}' scenario='{scenario}' cache-dir='{folder / 'cache'}' "
                   f"outputs-dir='{folder / 'out'}'")
     started = time.perf_counter()
     try:
@@ -57,15 +58,15 @@ def main() -> None:
     parser.add_argument("--supernodes", type=int, default=3)
     args = parser.parse_args()
     wanted = [m for m in args.methods.split(",") if m]
-    print("| method | task | seconds | finished |\n| --- | --- | --- | --- |", flush=True)
+    print("| method | task | scenario | seconds | finished |\n| --- | --- | --- | --- | --- |", flush=True)
     for spec in all_methods():
         if wanted and spec.name not in wanted:
             continue
         task = TASK_OF_KIND[spec.task_kinds[0]]
+        scenario = "sample" if "sample" in spec.scenarios else spec.scenarios[0]
         with tempfile.TemporaryDirectory() as tmp:
-            seconds, done, last = smoke_run(spec.name, task, max(args.supernodes, 4 if task == "llm-tofu" else 2),
-                                            Path(tmp))
-        print(f"| {spec.name} | {task} | {seconds:.1f} | {'yes' if done else 'NO: ' + last} |", flush=True)
+            seconds, done, last = smoke_run(spec.name, task, scenario, args.supernodes, Path(tmp))
+        print(f"| {spec.name} | {task} | {scenario} | {seconds:.1f} | {'yes' if done else 'NO: ' + last} |", flush=True)
 
 
 if __name__ == "__main__":

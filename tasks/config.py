@@ -137,6 +137,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("fedup-alpha", float, 0.8,
        "filter loss = alpha*CE + (1-alpha)*reconstruction (paper: 0.5; 0.8 measured to block backdoors)",
        ((lambda v: 0 <= v <= 1), "in [0, 1]")),
+    _s("lethe-stop-forget-acc-client", float, 1.0,
+       "lethe-stop-forget-acc of the client scenario (its forget set holds samples a model trained without the "
+       "client still predicts as their label)", ((lambda v: 0 <= v <= 1), "in [0, 1]")),
     _s("fedup-epochs", int, 200, "server-side filter training epochs", _positive()),
     _s("fedup-lr", float, 3e-3, "filter learning rate", _positive()),
     _s("fedup-batch-size", int, 256, "filter mini-batch size", _positive()),
@@ -170,6 +173,25 @@ SETTINGS: tuple[Setting, ...] = (
     _s("lethe-step-clip-class", float, 5.0,
        "lethe-step-clip of the class scenario; 0 = off",
        _at_least(0)),
+    _s("lethe-clip-floor", float, 0.25,
+       "lethe-step-clip is a multiple of the larger of the retain stream's norm and this x the norm of a plain "
+       "FedAvg step on all data (both streams by counts), so the bound does not vanish with the retain stream "
+       "(client and sample scenarios); 0 = the retain stream alone", _at_least(0)),
+    _s("lethe-clip-floor-class", float, 0.0, "lethe-clip-floor of the class scenario", _at_least(0)),
+    _s("lethe-stop-forget-acc", float, 0.05,
+       "rectification stops only once the backbone (adapter bypassed) also predicts at most this share of the "
+       "forget set as its label (one evaluate message to the forget clients at the stop); 1 = not asked",
+       ((lambda v: 0 <= v <= 1), "in [0, 1]")),
+    _s("lethe-stop-forget-acc-client", float, 1.0,
+       "lethe-stop-forget-acc of the client scenario (its forget set holds samples a model trained without the "
+       "client still predicts as their label)", ((lambda v: 0 <= v <= 1), "in [0, 1]")),
+    _s("lethe-max-backbone-rise", float, 0.5,
+       "restore guard: while the first restore round's retained loss (the adapter-free backbone) is more than "
+       "this many nats above the retained loss on the model rectification started from, one rectification step "
+       "is undone", _positive()),
+    _s("lethe-restore-retries", int, 2,
+       "restore guard: when restore's own guard acts (a restore step rolled back or refused), restore again from "
+       "the backbone one rectification step earlier, at most this many times", _at_least(0)),
     _s("lethe-rectify-rounds", int, 10, "most dual-stream rectification rounds", _at_least(0)),
     _s("lethe-stop-loss", float, 12.0,
        "rectification stops once the forget clients' mean forget loss (nats, backbone without the "

@@ -173,11 +173,14 @@ SETTINGS: tuple[Setting, ...] = (
     _s("lethe-step-clip-class", float, 5.0,
        "lethe-step-clip of the class scenario; 0 = off",
        _at_least(0)),
-    _s("lethe-clip-floor", float, 0.25,
-       "lethe-step-clip is a multiple of the larger of the retain stream's norm and this x the norm of a plain "
-       "FedAvg step on all data (both streams by counts), so the bound does not vanish with the retain stream "
-       "(client and sample scenarios); 0 = the retain stream alone", _at_least(0)),
+    _s("lethe-clip-floor", float, 0.1,
+       "lethe-step-clip is a multiple of the larger of the retain stream's norm and this x the forget stream's "
+       "norm, so the bound does not vanish with the retain stream (sample scenario); 0 = the retain "
+       "stream alone", _at_least(0)),
     _s("lethe-clip-floor-class", float, 0.0, "lethe-clip-floor of the class scenario", _at_least(0)),
+    _s("lethe-clip-floor-client", float, 0.03,
+       "lethe-clip-floor of the client scenario (smaller: its steps must stay short enough for "
+       "lethe-stop-at-reference-client to fire between them)", _at_least(0)),
     _s("lethe-stop-forget-acc", float, 0.05,
        "rectification stops only once the backbone (adapter bypassed) also predicts at most this share of the "
        "forget set as its label (one evaluate message to the forget clients at the stop); 1 = not asked",
@@ -185,6 +188,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("lethe-stop-forget-acc-client", float, 1.0,
        "lethe-stop-forget-acc of the client scenario (its forget set holds samples a model trained without the "
        "client still predicts as their label)", ((lambda v: 0 <= v <= 1), "in [0, 1]")),
+    _s("lethe-stop-at-reference-client", bool, True,
+       "client scenario: rectification also stops once the backbone predicts no larger share of the forget set "
+       "as the backdoor target than of the forget clients' clean local test data (one evaluate message a round)"),
     _s("lethe-max-backbone-rise", float, 0.5,
        "restore guard: while the first restore round's retained loss (the adapter-free backbone) is more than "
        "this many nats above the retained loss on the model rectification started from, one rectification step "

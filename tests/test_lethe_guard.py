@@ -56,6 +56,9 @@ class ScriptedLethe(Lethe):
     def _forget_accuracy(self, ctx, state, round_no):
         return self.forget_accs.pop(0) if self.forget_accs else 0.0
 
+    def _forget_eval(self, ctx, state, round_no):  # (forget accuracy, clean target share): never at it
+        return self.client_evals.pop(0) if getattr(self, "client_evals", None) else (1.0, 0.0)
+
     def _streams(self, ctx, state, plugins, *, round_no, stop_loss=None, **config):
         forget_loss, retain_loss = self.script.pop(0)
         self.calls.append((round_no, float(state["lin.weight"].flatten()[0])))
@@ -211,23 +214,24 @@ def test_a_restore_step_that_costs_retained_utility_is_rolled_back():
 def test_a_vanishing_retain_stream_does_not_stop_rectification():
     """The original fits the retained data: the retain stream is ~0 (1e-6 per weight) while the
     forget stream is not. Clipped to the retain stream every step vanishes (no forgetting, measured on
-    seed 11's backdoor); with the floor, the bound is 0.25 x a FedAvg step on all the data (10 forget +
-    60 retained examples: |(-10 + 60e-6) / 70| per weight)."""
-    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6)
-    assert weight == pytest.approx(0.25 * (10 - 60e-6) / 70, rel=1e-4)
-    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, **{"lethe-clip-floor": 0.0})
+    seed 11's backdoor); with the floor the bound is 0.1 x the forget stream (1 per weight)."""
+    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="sample")
+    assert weight == pytest.approx(0.1, rel=1e-4)
+    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6)  # client: lethe-clip-floor-client 0.03
+    assert weight == pytest.approx(0.03, rel=1e-3)
+    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, **{"lethe-clip-floor-client": 0.0})
     assert weight == pytest.approx(1e-6, rel=1e-3)
-    # an ordinary retain stream (|retain| 1 > 0.25 |combined|) still sets the bound, as before
+    # an ordinary retain stream (|retain| 1 > 0.1 |forget|) still sets the bound, as before
     weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)])
     assert weight == pytest.approx(1.0)
 
 
-def test_clip_reference_is_the_longer_of_retain_and_the_floor():
+def test_clip_reference_is_the_longer_of_retain_and_the_forget_floor():
     from strategies.lethe_math import clip_reference
-    retain, combined = {"w": torch.full((2,), 1e-6)}, {"w": torch.full((2,), 0.5)}
-    assert torch.allclose(clip_reference(retain, combined, 0.5)["w"], torch.full((2,), 0.25))
-    assert clip_reference(combined, retain, 0.5) is combined
-    assert clip_reference(retain, combined, 0.0) is retain
+    retain, forget = {"w": torch.full((2,), 1e-6)}, {"w": torch.full((2,), 0.5)}
+    assert torch.allclose(clip_reference(retain, forget, 0.5)["w"], torch.full((2,), 0.25))
+    assert clip_reference(forget, retain, 0.5) is forget
+    assert clip_reference(retain, forget, 0.0) is retain
 
 
 def test_the_stop_waits_until_the_forget_set_is_off_its_label():
@@ -290,3 +294,26 @@ def test_a_restore_that_diverges_is_run_again_from_one_rectification_step_earlie
     weight, guard = run(2)
     assert weight == 3.0 and guard["restore_retries"] == [{"restore_rolled_back_round": 1}]
     assert "restore_rolled_back_round" not in guard
+
+
+def test_the_client_scenario_stops_where_the_backdoor_is_gone_not_beyond():
+    """Client backdoor: the backbone's share of the leaving client's data predicted as the target falls
+    0.6 -> 0.25 while 0.2 of its clean test data is predicted as the target (its true zeros); at
+    0.25 > 0.2 rectification goes on, at 0.15 <= 0.2 it stops, long before the 12-nat loss stop."""
+    def run(**overrides):
+        cfg = parse_config({"method": "lethe", "scenario": "client", "poison": "backdoor",
+                            "lethe-rectify-rounds": 6, **overrides})
+        fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
+        fed.start_phase("unlearn")
+        ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
+        lethe = ScriptedLethe([(0.1, 0.2), (1.0, 0.2), (2.0, 0.2), (3.0, 0.2), (4.0, 0.2), (15.0, 0.2)])
+        lethe.client_evals = [(0.6, 0.2), (0.25, 0.2), (0.15, 0.2)]
+        state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
+        final, history, _ = lethe.rectify_rounds(ctx, state, [])
+        return final["lin.weight"][0, 0].item(), history
+
+    weight, history = run()
+    assert weight == 3.0 and history[-1]["stopped"] is True
+    assert history[-1]["forget_acc"] == 0.15 and history[-1]["forget_reference"] == 0.2
+    weight, history = run(**{"lethe-stop-at-reference-client": False})
+    assert weight == 5.0 and "forget_reference" not in history[-1]  # the loss stop, 5 steps

@@ -293,7 +293,9 @@ class Lethe(FedAvg, UnlearningMethod):
 
     @staticmethod
     def _reference_on(cfg) -> bool:
-        return cfg["scenario"] == "client" and cfg["lethe-stop-at-reference-client"]
+        # lethe-stop-loss=inf means "always lethe-rectify-rounds": no early stop of any kind
+        return (cfg["scenario"] == "client" and cfg["lethe-stop-at-reference-client"]
+                and math.isfinite(cfg["lethe-stop-loss"]))
 
     def _back_to_reference(self, ctx: UnlearnContext, state: State, previous, round_no: int,
                            buffer_names: list[str]) -> tuple[State, dict]:

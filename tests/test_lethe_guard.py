@@ -48,9 +48,16 @@ def test_scale_update_only_shortens():
 class ScriptedLethe(Lethe):
     """Lethe whose streams come from a script of (forget loss, retained loss) per exchange."""
 
-    def __init__(self, script, forget_delta=-1.0):
+    def __init__(self, script, forget_delta=-1.0, retain_delta=1.0, forget_accs=()):
         super().__init__()
         self.script, self.forget_delta, self.calls = list(script), forget_delta, []
+        self.retain_delta, self.forget_accs = retain_delta, list(forget_accs)
+
+    def _forget_accuracy(self, ctx, state, round_no):
+        return self.forget_accs.pop(0) if self.forget_accs else 0.0
+
+    def _forget_eval(self, ctx, state, round_no):  # (forget accuracy, clean target share): never at it
+        return self.client_evals.pop(0) if getattr(self, "client_evals", None) else (1.0, 0.0)
 
     def _streams(self, ctx, state, plugins, *, round_no, stop_loss=None, **config):
         forget_loss, retain_loss = self.script.pop(0)
@@ -62,7 +69,7 @@ class ScriptedLethe(Lethe):
 
         # anti-aligned streams: eq. 10 applies -forget on every weight, the clip keeps it at |retain| = 1
         forget_views = [view(self.forget_delta, forget_loss, 1, 10)]
-        retain_views = [view(1.0, retain_loss, 2, 30), view(1.0, retain_loss, 3, 30)]
+        retain_views = [view(self.retain_delta, retain_loss, 2, 30), view(self.retain_delta, retain_loss, 3, 30)]
         return forget_views, retain_views, forget_loss
 
 
@@ -72,15 +79,16 @@ class Linear(torch.nn.Module):
         self.lin = torch.nn.Linear(2, 2)
 
 
-def rectify(script, rounds=5, forget_delta=-1.0, start=0.0, **overrides):
+def rectify(script, rounds=5, forget_delta=-1.0, start=0.0, retain_delta=1.0, forget_accs=(), **overrides):
     cfg = parse_config({"method": "lethe", "scenario": "client", "lethe-rectify-rounds": rounds,
                         "lethe-step-clip": 1.0, **overrides})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
-    lethe = ScriptedLethe(script, forget_delta)
+    lethe = ScriptedLethe(script, forget_delta, retain_delta, forget_accs)
     state = {"lin.weight": torch.full((2, 2), start), "lin.bias": torch.full((2,), start)}
     final, history, guard = lethe.rectify_rounds(ctx, state, [])
+    guard.pop("checkpoints")  # restore's (the states before each applied step)
     return final["lin.weight"][0, 0].item(), history, guard, lethe, fed.cost("unlearn").rounds
 
 
@@ -201,3 +209,111 @@ def test_a_restore_step_that_costs_retained_utility_is_rolled_back():
     assert final["lin.weight"][0, 0].item() == 1.0 and guard["restore_rolled_back_round"] == 2
     assert len(lethe.calls) == 3
 
+
+
+def test_a_vanishing_retain_stream_does_not_stop_rectification():
+    """The original fits the retained data: the retain stream is ~0 (1e-6 per weight) while the
+    forget stream is not. Clipped to the retain stream every step vanishes (no forgetting, measured on
+    seed 11's backdoor); with the floor the bound is 0.1 x the forget stream (1 per weight)."""
+    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="sample")
+    assert weight == pytest.approx(0.1, rel=1e-4)
+    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6)  # client: lethe-clip-floor-client 0.03
+    assert weight == pytest.approx(0.03, rel=1e-3)
+    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, **{"lethe-clip-floor-client": 0.0})
+    assert weight == pytest.approx(1e-6, rel=1e-3)
+    # an ordinary retain stream (|retain| 1 > 0.1 |forget|) still sets the bound, as before
+    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)])
+    assert weight == pytest.approx(1.0)
+
+
+def test_clip_reference_is_the_longer_of_retain_and_the_forget_floor():
+    from strategies.lethe.maths import clip_reference
+    retain, forget = {"w": torch.full((2,), 1e-6)}, {"w": torch.full((2,), 0.5)}
+    assert torch.allclose(clip_reference(retain, forget, 0.5)["w"], torch.full((2,), 0.25))
+    assert clip_reference(forget, retain, 0.5) is forget
+    assert clip_reference(retain, forget, 0.0) is retain
+
+
+def test_the_stop_waits_until_the_forget_set_is_off_its_label():
+    """Mean forget loss 15 > 12, yet the backbone still predicts 20 % of the forget set as its label
+    (the sample scenario's hidden backdoor): rectification goes on one more step; at 0 % it stops."""
+    script = [(1.0, 0.2), (15.0, 0.2), (20.0, 0.2)]
+    weight, history, guard, _, rounds = rectify(script, forget_accs=[0.2, 0.0], scenario="sample")
+    assert weight == 2.0 and rounds == 3 and history[-1]["stopped"] is True
+    assert history[1]["forget_acc"] == 0.2 and history[-1]["forget_acc"] == 0.0
+    weight, history, *_ = rectify(script[:2], forget_accs=[0.2], scenario="sample", **{"lethe-stop-forget-acc": 1.0})
+    assert weight == 1.0 and "forget_acc" not in history[-1]  # 1 = the old rule, no evaluate message
+    # the client scenario keeps the loss rule (lethe-stop-forget-acc-client 1): its forget set holds
+    # samples a model trained without the client still predicts as their label
+    weight, history, *_ = rectify(script[:2], forget_accs=[0.2])
+    assert weight == 1.0 and "forget_acc" not in history[-1]
+
+
+def restore_with_checkpoints(script, restore_rounds=1):
+    cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": restore_rounds})
+    fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
+    fed.start_phase("unlearn")
+    ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
+    lethe, guard = ScriptedLethe(script), {"action": "none"}
+    def model(value):
+        return {"lin.weight": torch.full((2, 2), value), "lin.bias": torch.full((2,), value)}
+    final = lethe.restore_rounds(ctx, model(2.0), guard=guard, checkpoints=[model(0.0), model(1.0)], reference=0.02)
+    return final["lin.weight"][0, 0].item(), guard, lethe.calls
+
+
+def test_a_backbone_broken_without_its_adapter_is_walked_back():
+    """Rectification judged its steps through the adapter (retained loss 0.02); restore's first round
+    finds the adapter-free backbone at 4.4 nats (seed 12, class): one rectification step is undone, and
+    another while the backbone is still broken (3.0); the one before (0.05) is restored from."""
+    weight, guard, calls = restore_with_checkpoints([(1.0, 4.4), (1.0, 3.0), (1.0, 0.05)])
+    assert [w for _, w in calls] == [2.0, 1.0, 0.0] and weight == 1.0
+    assert guard["backbone_steps_undone"] == [4.4, 3.0] and guard["backbone_retain_loss"] == pytest.approx(0.05)
+    # a healthy backbone (0.3 <= 0.02 + 0.5) is restored from as it is
+    weight, guard, calls = restore_with_checkpoints([(1.0, 0.3)])
+    assert weight == 3.0 and len(calls) == 1 and "backbone_steps_undone" not in guard
+
+
+def test_a_restore_that_diverges_is_run_again_from_one_rectification_step_earlier():
+    """Restore from the rectified backbone (weight 2) breaks utility in its second round (2.4 nats against
+    0.2): its guard keeps round 0's model; with a retry, restore runs again from the checkpoint before
+    the last rectification step (weight 1) and completes both rounds (1 + 2)."""
+    def run(retries):
+        cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 2,
+                            "lethe-restore-retries": retries})
+        fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
+        fed.start_phase("unlearn")
+        ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
+        lethe = ScriptedLethe([(1.0, 0.2), (1.0, 2.4), (1.0, 0.2), (1.0, 0.3)])
+        model = lambda v: {"lin.weight": torch.full((2, 2), v), "lin.bias": torch.full((2,), v)}  # noqa: E731
+        guard = {"action": "none", "baseline_retain_loss": 0.02}
+        final = lethe._restore_with_retries(ctx, model(2.0), None, guard, [model(0.0), model(1.0)])
+        return final["lin.weight"][0, 0].item(), guard
+
+    weight, guard = run(0)
+    assert weight == 2.0 and guard["restore_rolled_back_round"] == 1
+    weight, guard = run(2)
+    assert weight == 3.0 and guard["restore_retries"] == [{"restore_rolled_back_round": 1}]
+    assert "restore_rolled_back_round" not in guard
+
+
+def test_the_client_scenario_stops_where_the_backdoor_is_gone_not_beyond():
+    """Client backdoor: the backbone's share of the leaving client's data predicted as the target falls
+    0.6 -> 0.25 while 0.2 of its clean test data is predicted as the target (its true zeros); at
+    0.25 > 0.2 rectification goes on, at 0.15 <= 0.2 it stops, long before the 12-nat loss stop."""
+    def run(**overrides):
+        cfg = parse_config({"method": "lethe", "scenario": "client", "poison": "backdoor",
+                            "lethe-rectify-rounds": 6, **overrides})
+        fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
+        fed.start_phase("unlearn")
+        ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
+        lethe = ScriptedLethe([(0.1, 0.2), (1.0, 0.2), (2.0, 0.2), (3.0, 0.2), (4.0, 0.2), (15.0, 0.2)])
+        lethe.client_evals = [(0.6, 0.2), (0.25, 0.2), (0.15, 0.2)]
+        state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
+        final, history, _ = lethe.rectify_rounds(ctx, state, [])
+        return final["lin.weight"][0, 0].item(), history
+
+    weight, history = run()
+    assert weight == 3.0 and history[-1]["stopped"] is True
+    assert history[-1]["forget_acc"] == 0.15 and history[-1]["forget_reference"] == 0.2
+    weight, history = run(**{"lethe-stop-at-reference-client": False})
+    assert weight == 5.0 and "forget_reference" not in history[-1]  # the loss stop, 5 steps

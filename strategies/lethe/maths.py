@@ -175,6 +175,27 @@ def layer_gammas(bounds: dict, gamma: float, mode: str) -> dict[str, float]:
     return {k: gamma if b is None else min(max(gamma, b[0]), b[1]) for k, b in bounds.items()}
 
 
+def global_norm(update: Layers) -> float:
+    """The L2 norm of all tensors of ``update`` together (float64)."""
+    return float(torch.sqrt(sum((v.double() ** 2).sum() for v in update.values()))) if update else 0.0
+
+
+def clip_reference(retain: Layers, forget: Layers, floor: float) -> Layers:
+    """What ``clip_to_reference`` bounds a rectified step by: the retain stream, or ``floor`` x the
+    forget stream when that is longer (``floor`` 0: the retain stream alone).
+
+    Ours. The retain stream alone vanishes when the original fits the retained data (and the
+    backdoor) almost perfectly: measured, retained loss 0.014-0.035, |retain| 0.07 against |forget|
+    3.4, every clipped step too short and the backbone's forget loss stayed at 0 (1e-6) for all 10
+    rounds. The forget stream (computed through the amplifying adapter) does not vanish there; a
+    tenth of it is below the retain stream where the retain stream is of ordinary size (seed 42,
+    sample: |retain| / |forget| 0.10-0.18).
+    """
+    if floor <= 0 or floor * global_norm(forget) <= global_norm(retain):
+        return retain
+    return {k: v * floor for k, v in forget.items()}
+
+
 def clip_to_reference(update: Layers, reference: Layers, ratio: float) -> Layers:
     """Scale ``update`` down so its global L2 norm is at most ``ratio`` x the reference's (0 = off).
 

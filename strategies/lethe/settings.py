@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.config import Setting, at_least, one_of, positive, setting
+from tasks.config import Setting, at_least, in_range, one_of, positive, setting
 
 SETTINGS: tuple[Setting, ...] = (
     setting("lethe-gamma", float, 0.2, "rectification penalty gamma of eq. 10", positive()),
@@ -27,6 +27,31 @@ SETTINGS: tuple[Setting, ...] = (
     setting("lethe-step-clip-class", float, 5.0,
         "lethe-step-clip of the class scenario; 0 = off",
         at_least(0)),
+    setting("lethe-clip-floor", float, 0.1,
+            "lethe-step-clip is a multiple of the larger of the retain stream's norm and this x the forget stream's "
+            "norm, so the bound does not vanish with the retain stream (sample scenario); 0 = the retain "
+            "stream alone", at_least(0)),
+    setting("lethe-clip-floor-class", float, 0.0, "lethe-clip-floor of the class scenario", at_least(0)),
+    setting("lethe-clip-floor-client", float, 0.03,
+            "lethe-clip-floor of the client scenario (smaller: its steps must stay short enough for "
+            "lethe-stop-at-reference-client to fire between them)", at_least(0)),
+    setting("lethe-stop-forget-acc", float, 0.05,
+            "rectification stops only once the backbone (adapter bypassed) also predicts at most this share of the "
+            "forget set as its label (one evaluate message to the forget clients at the stop); 1 = not asked",
+            in_range(0, 1)),
+    setting("lethe-stop-forget-acc-client", float, 1.0,
+            "lethe-stop-forget-acc of the client scenario (its forget set holds samples a model trained without the "
+            "client still predicts as their label)", in_range(0, 1)),
+    setting("lethe-stop-at-reference-client", bool, True,
+            "client scenario: rectification also stops once the backbone predicts no larger share of the forget set "
+            "as the backdoor target than of the forget clients' clean local test data (one evaluate message a round)"),
+    setting("lethe-max-backbone-rise", float, 0.5,
+            "restore guard: while the first restore round's retained loss (the adapter-free backbone) is more than "
+            "this many nats above the retained loss on the model rectification started from, one rectification step "
+            "is undone", positive()),
+    setting("lethe-restore-retries", int, 2,
+            "restore guard: when restore's own guard acts (a restore step rolled back or refused), restore again from "
+            "the backbone one rectification step earlier, at most this many times", at_least(0)),
     setting("lethe-rectify-rounds", int, 10, "most dual-stream rectification rounds", at_least(0)),
     setting("lethe-stop-loss", float, 12.0,
         "rectification stops once the forget clients' mean forget loss (nats, backbone without the "
@@ -49,3 +74,17 @@ def check_settings(cfg) -> None:
     if cfg.task.kind == "llm" and cfg["lethe-adapter-steps"] != 0:
         raise ConfigError(f"run-config 'lethe-adapter-steps'={cfg['lethe-adapter-steps']} is not allowed for task "
                           f"'{cfg['task']}': must be 0 (Lethe rectifies the LoRA adapter directly)")
+
+
+# Keys whose good value depends on the request's scenario: the base key holds the value of the
+# other scenarios, its twin (declared above) replaces it in that scenario (docs/lethe.md says why).
+BY_SCENARIO = {
+    "class": {"lethe-lr": "lethe-lr-class", "lethe-step-clip": "lethe-step-clip-class",
+              "lethe-clip-floor": "lethe-clip-floor-class"},
+    "client": {"lethe-clip-floor": "lethe-clip-floor-client", "lethe-stop-forget-acc": "lethe-stop-forget-acc-client"},
+}
+
+
+def scenario_setting(cfg, key: str):
+    """``cfg[key]``, or its twin's value in a scenario that has one (:data:`BY_SCENARIO`)."""
+    return cfg[BY_SCENARIO.get(cfg["scenario"], {}).get(key, key)]

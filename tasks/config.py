@@ -178,7 +178,6 @@ SMOKE: dict[str, Any] = {"pretrain-rounds": 2, "continue-rounds": 1, "local-epoc
                          "diagnostic-samples": 0}
 
 
-
 @lru_cache(maxsize=1)
 def all_settings() -> tuple[Setting, ...]:
     """Every key: the general ones, each task kind's, each registered method's (in that order)."""

@@ -22,8 +22,6 @@ from typing import Any, Callable, Mapping
 
 from tasks.config import Setting
 
-TASK_KINDS = ("vision", "llm")
-
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -87,8 +85,10 @@ def all_methods() -> tuple[MethodSpec, ...]:
     repeated = sorted({n for n in seen if seen.count(n) > 1})
     if repeated:
         raise RuntimeError(f"method name(s) registered twice: {', '.join(repeated)}")
+    from tasks.registry import KIND_SETTINGS  # the task kinds there are
+
     for spec in specs:
-        unknown = set(spec.task_kinds) - set(TASK_KINDS)
+        unknown = set(spec.task_kinds) - set(KIND_SETTINGS)
         if unknown:
             raise RuntimeError(f"method {spec.name!r} declares unknown task kind(s) {sorted(unknown)}")
     return tuple(specs)

@@ -82,10 +82,6 @@ class Task:
         client methods read."""
         raise NotImplementedError
 
-    def node_clients(self, node: dict) -> int | None:
-        """The federation size a node config states (``num-partitions``), if it states one."""
-        return int(node["num-partitions"]) if "num-partitions" in node else None
-
     def client_model(self, cfg: Config, state: State, plugins: list[dict]):
         """The task's model with ``plugins``, loaded with the received ``state``."""
         raise NotImplementedError

@@ -1,60 +1,335 @@
-"""Run several methods x scenarios x seeds in one process and print one Markdown table.
+"""Compare methods side by side: the FedUP paper's Tables 3-4 and the Lethe paper's Tables III-V, rebuilt.
 
-Every run goes through the real phases (``server_app.inprocess``) with a shared cache, so all
-methods of a (scenario, seed) start from the same original model and share one retrain oracle.
-The ``original`` and ``retrain`` rows are read from the runs themselves.
+One command runs a matrix of methods x scenarios x tasks x seeds and writes into one folder:
 
-    python benchmarks/compare_methods.py --methods retrain,fedup --scenarios client,class,sample \\
-        --seeds 1,2,3 --run-config "continue-rounds=0"
+- ``tables.md``: FedUP's Table 3 layout (R-A, F-A, MIA per scenario) and Table 4 layout
+  (unlearning time and communication per scenario), then Lethe's Tables III-V layout (one table
+  per scenario: MU, U-KR, CT-KR, RR, communication); means ± standard deviations over the seeds;
+  the failed runs with their one-line errors, the flagged entries with their validity reasons, and
+  the combinations skipped because a method does not support them;
+- ``kr_curves.png``: every method's forget accuracy over continued training (Lethe's Fig. 4), one
+  panel per task and scenario, retrain included (mean over the seeds);
+- ``runs.json`` / ``runs.csv``: one row per run (rewritten after every run: a partial matrix is usable;
+  ``--resume`` keeps the finished rows of an earlier call with the same clients and overrides and
+  runs only the rest, e.g. after adding a method).
+
+How the numbers are made: every run goes through the real phases in this process
+(``server_app.inprocess``: the production ServerApp and ClientApp code, no Ray and no SuperLink, so
+no start-up cost per run; clients run one after the other, so a method's seconds add up over its
+clients — the same for every method). All runs share one model cache, so every method of a
+(task, scenario, seed) starts from the same original model and is compared with the same retrain
+oracle. The client scenario uses ``poison='backdoor'`` unless ``--run-config`` says otherwise.
+
+Validity (``tasks.validity``): when a run's original or retrain model fails its checks, every
+metric of that run is printed as ``flagged``; when its unlearned model lost utility
+(``unlearned_utility``), its accuracy and KR entries are; when continued training diverged, CT-KR
+and RR read ``diverged@<round>``. A run that raises is listed as failed and the matrix goes on.
+
+    python benchmarks/compare_methods.py --methods none,retrain,fedup,lethe,pga \\
+        --scenarios client,class,sample --tasks digits-lenet5 --seeds 42 --clients 10 \\
+        --run-config "continue-rounds=20" --out /tmp/compare
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
+import logging
+import math
 import os
-import tempfile
+import statistics
+import time
+from dataclasses import dataclass
 
+from server_app.atomic import atomic_path, write_text
 from server_app.inprocess import parse_overrides, run_inprocess
+from tasks.validity import ORIGINAL_CHECKS
 
-COLUMNS = ("retain_acc", "forget_acc", "test_acc", "mia", "target_rate")
+SCENARIO_NAMES = {"client": "Client", "class": "Class", "sample": "Sample"}
+ACCURACY_METRICS = ("retain_acc", "forget_acc", "mia", "test_acc")
+ROW_FIELDS = ("task", "scenario", "seed", "method", "status", "retain_acc", "forget_acc", "test_acc", "mia",
+              "target_rate", "ct_kr", "rr", "diverged_at_round", "seconds", "bytes", "rounds", "flags", "error",
+              "folder")
 
 
-def _fmt(value) -> str:
-    if value is None:
+@dataclass(frozen=True)
+class Cell:
+    """One run of the matrix."""
+
+    task: str
+    scenario: str
+    seed: int
+    method: str
+
+
+def plan(methods: list[str], scenarios: list[str], tasks: list[str], seeds: list[int]) -> tuple[list[Cell], list[str]]:
+    """The runs to make and the combinations skipped (one line each: a method that does not support
+    a task kind or scenario). Unknown names are a one-line ``SystemExit`` before any run."""
+    from strategies.registry import method_names, method_spec
+    from tasks.registry import task_for, task_names
+
+    for flag, names, known in (("--methods", methods, method_names()), ("--tasks", tasks, task_names()),
+                               ("--scenarios", scenarios, tuple(SCENARIO_NAMES))):
+        unknown = [n for n in names if n not in known]
+        if unknown or not names:
+            raise SystemExit(f"{flag}: {', '.join(unknown) or 'nothing given'} is not allowed; "
+                             f"must be among {', '.join(known)}")
+    cells, skipped = [], []
+    for task_name in tasks:
+        task = task_for(task_name)
+        for scenario in scenarios:
+            for method in methods:
+                spec = method_spec(method)
+                if task.kind not in spec.task_kinds:
+                    reason = f"runs on {', '.join(spec.task_kinds)} tasks, not {task.kind}"
+                elif scenario not in spec.scenarios or scenario not in task.scenarios:
+                    reason = f"does not support the {scenario} scenario"
+                else:
+                    cells += [Cell(task_name, scenario, seed, method) for seed in seeds]
+                    continue
+                skipped.append(f"{method} on {task_name} / {scenario}: {reason}")
+    return cells, skipped
+
+
+def _num(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) else None
+
+
+def summarise(cell: Cell, results: dict, folder: str) -> dict:
+    """One row from a run's results.json."""
+    unlearned, res, cost = results["models"]["unlearned"], results["resurfacing"], results["cost"]["unlearn"]
+    failed = list(results.get("validity", {}).get("failed", []))
+    return {"task": cell.task, "scenario": cell.scenario, "seed": cell.seed, "method": cell.method, "status": "ok",
+            **{k: _num(unlearned.get(k)) for k in ACCURACY_METRICS + ("target_rate",)},
+            "ct_kr": _num(res.get("ct_kr")), "rr": _num(res.get("rr")),
+            "diverged_at_round": res.get("diverged_at_round"),
+            "kr_unlearned": _num(res.get("kr_unlearned")), "kr_curve": [_num(v) for v in res.get("kr_curve", [])],
+            "seconds": _num(cost.get("seconds")), "bytes": int(cost["bytes_up"] + cost["bytes_down"]),
+            "rounds": int(cost.get("rounds", 0)), "flags": failed,
+            "reasons": list(results.get("validity", {}).get("reasons", [])), "error": "", "folder": folder}
+
+
+def run_cell(cell: Cell, shared: dict, clients: int) -> dict:
+    """Run one cell in process; a run that raises becomes a failed row with its one-line error."""
+    config = {**shared, "task": cell.task, "scenario": cell.scenario, "seed": cell.seed, "method": cell.method}
+    if cell.scenario == "client":
+        config.setdefault("poison", "backdoor")
+    try:
+        folder = run_inprocess(config, clients)
+        with open(os.path.join(folder, "results.json"), encoding="utf-8") as handle:
+            return summarise(cell, json.load(handle), folder)
+    except Exception as err:  # listed as failed; the rest of the matrix still completes
+        return {"task": cell.task, "scenario": cell.scenario, "seed": cell.seed, "method": cell.method,
+                "status": "failed", "error": " ".join(f"{type(err).__name__}: {err}".split())[:300],
+                "flags": [], "reasons": []}
+
+
+def blocked_metrics(row: dict) -> dict[str, str]:
+    """Metric -> what to print instead of its number, for a run whose validity checks failed."""
+    flags = set(row.get("flags", []))
+    blocked = {}
+    if flags & set(ORIGINAL_CHECKS):
+        blocked.update({k: "flagged" for k in ACCURACY_METRICS + ("target_rate", "ct_kr", "rr")})
+    if "unlearned_utility" in flags:
+        blocked.update({k: "flagged" for k in ACCURACY_METRICS + ("target_rate",)})
+    if row.get("diverged_at_round") is not None:
+        blocked.update({k: f"diverged@{row['diverged_at_round']}" for k in ("ct_kr", "rr")})
+    return blocked
+
+
+def entry(rows: list[dict], metric: str, scale: float = 1.0, digits: int = 3) -> str:
+    """One table entry over the seeds of one (task, scenario, method): ``mean ± std`` of the usable
+    runs, ``(k/n)`` when only k of n seeds gave a number, else why none did."""
+    if not rows:
         return "—"
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
+    values, blocked = [], []
+    for row in rows:
+        if row["status"] != "ok":
+            blocked.append("failed")
+        elif metric in blocked_metrics(row):
+            blocked.append(blocked_metrics(row)[metric])
+        elif row.get(metric) is None:
+            blocked.append("—")
+        else:
+            values.append(row[metric] * scale)
+    if not values:
+        return blocked[0] if len(set(blocked)) == 1 else "/".join(sorted(set(blocked)))
+    text = f"{statistics.mean(values):.{digits}f}"
+    if len(values) > 1:
+        text += f" ± {statistics.stdev(values):.{digits}f}"
+    return text + (f" ({len(values)}/{len(rows)})" if len(values) < len(rows) else "")
 
 
-def main() -> None:
+def _group(rows: list[dict]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["task"], row["scenario"], row["method"]), []).append(row)
+    return groups
+
+
+def _order(rows: list[dict], key: str) -> list[str]:
+    return list(dict.fromkeys(row[key] for row in rows))
+
+
+def fedup_tables(rows: list[dict]) -> str:
+    """FedUP's Table 3 (R-A, F-A, MIA per scenario) and Table 4 (time, communication per scenario)."""
+    groups, scenarios, methods = _group(rows), _order(rows, "scenario"), _order(rows, "method")
+    parts = []
+    for title, columns in (("Table 3 layout (FedUP): retain accuracy R-A, forget accuracy F-A, MIA",
+                            (("R-A", "retain_acc", 1.0, 3), ("F-A", "forget_acc", 1.0, 3), ("MIA", "mia", 1.0, 3))),
+                           ("Table 4 layout (FedUP): unlearning time and communication",
+                            (("time (s)", "seconds", 1.0, 1), ("comm. (MB)", "bytes", 1e-6, 2)))):
+        for task in _order(rows, "task"):
+            header = ["method"] + [f"{SCENARIO_NAMES[s]} {c[0]}" for s in scenarios for c in columns]
+            lines = [f"### {title} — {task}", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+            for method in methods:
+                cells = [entry(groups.get((task, s, method), []), m, scale, d)
+                         for s in scenarios for _, m, scale, d in columns]
+                lines.append("| " + " | ".join([method] + cells) + " |")
+            parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def lethe_tables(rows: list[dict]) -> str:
+    """Lethe's Tables III-V: one table per scenario, MU, U-KR, CT-KR, RR (%), communication."""
+    groups, methods = _group(rows), _order(rows, "method")
+    columns = (("MU", "test_acc", 1.0, 3), ("U-KR", "forget_acc", 1.0, 3), ("CT-KR", "ct_kr", 1.0, 3),
+               ("RR (%)", "rr", 100.0, 1), ("comm. (MB)", "bytes", 1e-6, 2))
+    parts = []
+    for number, scenario in zip(("III", "IV", "V"), ("client", "class", "sample")):
+        if scenario not in _order(rows, "scenario"):
+            continue
+        for task in _order(rows, "task"):
+            header = ["method"] + [c[0] for c in columns]
+            lines = [f"### Table {number} layout (Lethe): {scenario} unlearning — {task}", "",
+                     "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+            for method in methods:
+                group = groups.get((task, scenario, method), [])
+                if group:
+                    lines.append("| " + " | ".join([method] + [entry(group, m, s, d) for _, m, s, d in columns])
+                                 + " |")
+            parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def problems(rows: list[dict], skipped: list[str]) -> str:
+    """The failed runs, the flagged entries and the skipped combinations, one line each."""
+    lines = []
+    for row in rows:
+        where = f"{row['method']} on {row['task']} / {row['scenario']} / seed {row['seed']}"
+        if row["status"] != "ok":
+            lines.append(f"- failed: {where}: {row['error']}")
+        elif row.get("reasons"):
+            lines.append(f"- flagged: {where}: {'; '.join(row['reasons'])}")
+    lines += [f"- skipped: {line}" for line in skipped]
+    return "\n".join(lines) if lines else "none"
+
+
+def plot_curves(rows: list[dict], path: str) -> None:
+    """Lethe's Fig. 4: forget accuracy over continued rounds, one line per method, one panel per
+    task and scenario (mean over the seeds; a diverged curve ends where it diverged)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    groups = _group([r for r in rows if r["status"] == "ok"])
+    panels = list(dict.fromkeys((t, s) for t, s, _ in groups))
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)), 3.4), squeeze=False)
+    for ax, (task, scenario) in zip(axes[0], panels):
+        for (t, s, method), group in groups.items():
+            if (t, s) != (task, scenario):
+                continue
+            curves = [[r["kr_unlearned"]] + r["kr_curve"] for r in group if r.get("kr_unlearned") is not None]
+            length = min((len(c) for c in curves), default=0)
+            if length:
+                mean = [statistics.mean(c[i] for c in curves) for i in range(length)]
+                ax.plot(range(length), mean, marker=".", label=method)
+        ax.set_title(f"{task} / {scenario}", fontsize=9)
+        ax.set_xlabel("continued round (0 = after unlearning)")
+        ax.set_ylabel("forget accuracy (KR)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def finished_rows(out: str, clients: int, overrides: str) -> dict[Cell, dict]:
+    """The successful rows of an earlier call into ``out`` made with the same clients and overrides."""
+    path = os.path.join(out, "runs.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as handle:
+        rows = json.load(handle)
+    return {Cell(r["task"], r["scenario"], r["seed"], r["method"]): r for r in rows
+            if r["status"] == "ok" and r.get("clients") == clients and r.get("overrides") == overrides}
+
+
+def write_rows(out: str, rows: list[dict]) -> None:
+    write_text(os.path.join(out, "runs.json"), json.dumps(rows, indent=1, default=str))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=ROW_FIELDS, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({**row, "flags": ";".join(row.get("flags", []))})
+    write_text(os.path.join(out, "runs.csv"), buffer.getvalue())
+
+
+def report(rows: list[dict], skipped: list[str], clients: int, overrides: str) -> str:
+    return "\n\n".join([
+        "# Method comparison", f"In-process runs (`server_app.inprocess`, clients sequential, no Ray), {clients} "
+        f"clients, shared overrides: `{overrides or 'none'}`. Entries are mean ± std over the seeds; "
+        "`(k/n)`: only k of n seeds gave a number.",
+        fedup_tables(rows), lethe_tables(rows), "## Failed, flagged and skipped", problems(rows, skipped)]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", default="retrain,fedup")
+    parser.add_argument("--methods", default="none,retrain,fedup,lethe")
     parser.add_argument("--scenarios", default="client,class,sample")
+    parser.add_argument("--tasks", default="digits-lenet5")
     parser.add_argument("--seeds", default="42")
     parser.add_argument("--clients", type=int, default=10)
-    parser.add_argument("--run-config", default="", help="shared overrides, as for flwr run --run-config")
-    parser.add_argument("--work", default="", help="folder for cache and outputs (default: a new temp folder)")
-    args = parser.parse_args()
-    work = args.work or tempfile.mkdtemp(prefix="compare-")
-    shared = {"cache-dir": os.path.join(work, "cache"), "outputs-dir": os.path.join(work, "out"),
+    parser.add_argument("--run-config", default="continue-rounds=20",
+                        help="shared overrides, as for flwr run --run-config (default: continue-rounds=20)")
+    parser.add_argument("--out", required=True, help="folder for the tables, the plot, the rows, the cache and runs")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the rows of finished runs already in OUT/runs.json (same clients and overrides)")
+    args = parser.parse_args(argv)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        raise SystemExit(f"--seeds: {args.seeds!r} must be comma-separated integers") from None
+    if args.clients < 2:
+        raise SystemExit(f"--clients: {args.clients} must be >= 2")
+    cells, skipped = plan(args.methods.split(","), args.scenarios.split(","), args.tasks.split(","), seeds)
+    os.makedirs(args.out, exist_ok=True)
+    shared = {"cache-dir": os.path.join(args.out, "cache"), "outputs-dir": os.path.join(args.out, "runs"),
               **parse_overrides(args.run_config)}
-    header = ("scenario", "seed", "model") + COLUMNS + ("ct_kr", "rr", "seconds", "bytes")
-    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
-    for scenario in args.scenarios.split(","):
-        for seed in (int(s) for s in args.seeds.split(",")):
-            for i, method in enumerate(args.methods.split(",")):
-                config = {**shared, "scenario": scenario, "seed": seed, "method": method}
-                with open(os.path.join(run_inprocess(config, args.clients), "results.json")) as handle:
-                    results = json.load(handle)
-                rows = [("original", results["models"]["original"], None, None)] if i == 0 else []
-                rows.append((method, results["models"]["unlearned"], results["resurfacing"], results["cost"]["unlearn"]))
-                for name, entry, res, cost in rows:
-                    cells = [scenario, str(seed), name] + [_fmt(entry.get(c)) for c in COLUMNS]
-                    cells += [_fmt(res["ct_kr"]) if res else "—", _fmt(res["rr"]) if res else "—",
-                              _fmt(cost["seconds"]) if cost else "—",
-                              str(cost["bytes_up"] + cost["bytes_down"]) if cost else "—"]
-                    print("| " + " | ".join(cells) + " |", flush=True)
-    print(f"\nruns under {work}")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    done = finished_rows(args.out, args.clients, args.run_config) if args.resume else {}
+    rows, started = [], time.perf_counter()
+    for i, cell in enumerate(cells, start=1):
+        run_started = time.perf_counter()
+        row = done.get(cell) or {**run_cell(cell, shared, args.clients), "clients": args.clients,
+                                 "overrides": args.run_config}
+        rows.append(row)
+        write_rows(args.out, rows)
+        elapsed = time.perf_counter() - started
+        print(f"[{i}/{len(cells)}] {cell.method} on {cell.task} / {cell.scenario} / seed {cell.seed}: "
+              f"{'kept from the earlier call' if cell in done else row['status']} in {time.perf_counter() - run_started:.0f}s; elapsed {elapsed / 60:.1f} min, "
+              f"about {elapsed / i * (len(cells) - i) / 60:.1f} min left", flush=True)
+    text = report(rows, skipped, args.clients, args.run_config)
+    write_text(os.path.join(args.out, "tables.md"), text)
+    plot_curves(rows, os.path.join(args.out, "kr_curves.png"))
+    print(text)
+    print(f"tables, plot and rows in {args.out}")
+    return args.out
 
 
 if __name__ == "__main__":

@@ -13,12 +13,14 @@ handler that uses it (the LLM stack by an LLM run only, a method's client code b
 
 Messages: ``query.hello`` -> client id and counts; ``train`` (config: role, objective — ``ce`` or
 one a method registered —, scope, plugins, epochs, lr, max-steps, report-loss-before,
-loss-before-bypass) -> arrays + num-examples/loss (+ ``loss-before`` for the forget role: the
+loss-before-bypass, keep-model-as) -> arrays + num-examples/loss (+ ``loss-before`` for the forget role: the
 received model's loss on the forget data, plug-ins of the kinds in ``loss-before-bypass`` bypassed);
 role ``forget+retain`` -> the same per role under ``arrays.<role>`` / ``metrics.<role>`` (one
 download, two uploads); ``evaluate`` -> local metrics with counts (config ``features``: plus a
 sample of penultimate features for the diagnostics); ``query.<name>`` for every query a method
-registered (``python -m strategies.registry`` lists them).
+registered (``python -m strategies.registry`` lists them); a query whose config names
+``kept-model`` receives what this client kept from that original's pretraining
+(``client_app.kept_models``) as ``conf["kept-local-model"]`` (None when it kept nothing).
 """
 
 from __future__ import annotations
@@ -88,6 +90,10 @@ def _train_role(content: RecordDict, context: Context, role: str) -> RecordDict:
     name = str(conf.get("objective", "ce"))
     state, metrics = cfg.task.train_role(cfg, data, model, role, conf, round_seed(cfg, conf, data.client_id),
                                          None if name == "ce" else objective(name))
+    if conf.get("keep-model-as"):  # the last pretraining round: this is the model a real client holds
+        from client_app.kept_models import keep
+
+        keep(context.node_config, cfg, data.client_id, str(conf["keep-model-as"]), state)
     return RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics)})
 
 
@@ -117,6 +123,10 @@ def _query_handler(action: str, target: str, spec):
             raise ValueError(f"query.{action} of method {spec.name} needs a task of kind "
                              f"{' or '.join(spec.task_kinds)}, not task '{cfg['task']}'")
         conf = dict(msg.content["config"])
+        if conf.get("kept-model"):  # the method starts from what this client kept from pretraining
+            from client_app.kept_models import kept
+
+            conf["kept-local-model"] = kept(context.node_config, cfg, data.client_id, str(conf["kept-model"]))
         model = load_model(cfg, msg.content["arrays"], str(conf.get("plugins", "")))
         reply = load(target)(cfg.task, cfg, data, model, conf, round_seed(cfg, conf, data.client_id))
         return Message(_records(reply), reply_to=msg)

@@ -61,9 +61,13 @@ def cache_dir(cfg: Config) -> str:
     return cfg["cache-dir"] or os.path.join(os.path.expanduser("~"), ".cache", "fedunlearn", "models")
 
 
+def entry_id(key: dict) -> str:
+    """The 16-hex-digit identity of the model ``key`` describes (its cache file's name)."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _path(cfg: Config, key: dict) -> str:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return os.path.join(cache_dir(cfg), f"{key['kind']}-{digest}.pt")
+    return os.path.join(cache_dir(cfg), f"{key['kind']}-{entry_id(key)}.pt")
 
 
 def _file_sha256(path: str) -> str:

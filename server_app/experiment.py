@@ -21,7 +21,7 @@ from server_app.report import append_csv, package_versions, plot_kr_curve, run_f
 from strategies.common.base import ModelState, UnlearnContext
 from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds
 from strategies.common.federation import Federation
-from strategies.registry import method_for
+from strategies.registry import method_for, pretraining_keeps
 from tasks.config import Config, ConfigError, inapplicable_settings, parse_config
 from tasks.diagnostics import forgetting_dispersion, pca_scatter_png, resurfacing_summary, rollback_tendency
 from tasks.plugins import specs_to_json
@@ -41,6 +41,7 @@ class Experiment:
         self.started = time.perf_counter()
         self._retrain: ModelState | None = None
         self.built_cost: dict[str, dict] = {}
+        self.model_ids: dict[str, str] = {}
 
     def say(self, text: str) -> None:
         log.info("[%7.1fs] %s", time.perf_counter() - self.started, text)
@@ -103,13 +104,14 @@ class Experiment:
         return ConfigRecord({"epochs": self.cfg["local-epochs"], "lr": self.cfg["lr"], **extra})
 
     def fedavg(self, arrays: ArrayRecord, role: str, rounds: int, label: str, *, plugins: list[dict] = (),
-               seed_offset: int = 0, after_round=None) -> ArrayRecord:
+               seed_offset: int = 0, after_round=None, last_round_config: dict | None = None) -> ArrayRecord:
         """``rounds`` of FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged)."""
         strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"],
                               seed=self.cfg["seed"] + seed_offset)
         return run_rounds(self.fed, strategy, arrays, rounds=rounds,
                           config=self.train_config(plugins=specs_to_json(list(plugins))),
-                          label=label, method=self.cfg["method"], after_round=after_round)
+                          label=label, method=self.cfg["method"], after_round=after_round,
+                          last_round_config=last_round_config)
 
     def fresh_model(self) -> ArrayRecord:
         return ArrayRecord(self.cfg.task.server_model(self.cfg, []).state_dict())
@@ -125,6 +127,7 @@ class Experiment:
         federation = [{"client-id": n.client_id, **n.counts, **({"data-id": n.data_id} if n.data_id else {})}
                       for n in sorted(self.fed.nodes.values(), key=lambda n: n.client_id)]
         key = {**cache.model_key(kind, self.cfg, federation, self.data_id), **self.cfg.task.cache_key(self.cfg)}
+        self.model_ids[kind] = cache.entry_id(key)
         cost = self.fed.start_phase("pretrain" if kind == "original" else "retrain")
         started = time.perf_counter()
         cached = cache.load(self.cfg, key) if self.data_id else None
@@ -134,7 +137,7 @@ class Experiment:
         else:
             self.say(f"{kind}: {rounds} FedAvg rounds on '{role}' data")
             failed_before = len(cost.failures)
-            arrays = self.fedavg(self.fresh_model(), role, rounds, kind)
+            arrays = self.fedavg(self.fresh_model(), role, rounds, kind, last_round_config=self.keep_config(kind))
             cost.seconds += time.perf_counter() - started
             self.built_cost[kind] = cost.as_dict()
             if len(cost.failures) > failed_before:
@@ -146,6 +149,12 @@ class Experiment:
             return ModelState(arrays)
         cost.seconds += time.perf_counter() - started
         return ModelState(arrays)
+
+    def keep_config(self, kind: str) -> dict | None:
+        """What the last pretraining round asks clients to keep (``strategies.registry.pretraining_keeps``):
+        ``keep-model-as`` = the original's id, under which each client stores its last local model."""
+        keeps = pretraining_keeps(self.cfg.task.kind) if kind == "original" else ()
+        return {"keep-model-as": self.model_ids[kind]} if "last-local-model" in keeps else None
 
     def retrain(self) -> ModelState:
         if self._retrain is None:
@@ -187,7 +196,7 @@ class Experiment:
         self.setup()
         original = self.cached_fedavg("original", "all", self.cfg["pretrain-rounds"])
         require_finite(original.arrays, phase="pretrain", round_no=self.cfg["pretrain-rounds"], method="original")
-        ctx = UnlearnContext(self.fed, self.cfg, original,
+        ctx = UnlearnContext(self.fed, self.cfg, original, original_id=self.model_ids["original"],
                              model_factory=lambda plugins: self.cfg.task.server_model(self.cfg, plugins),
                              retrain=self.retrain)
 

@@ -37,7 +37,8 @@ class MethodSpec:
       ``objectives``: local-training objectives it adds (the ``objective`` of a ``train`` message)
       -> ``"module:function"``; ``plugins``: plug-in kinds -> ``"module:builder"``. The function
       signatures are the task kind's (``tasks.base.Task``).
-    - ``needs``: what it needs from pretraining (``"update-history"``: every round's client updates).
+    - ``needs``: what pretraining must keep for it (names in :data:`PRETRAINING_KEEPS`); a pretraining
+      run keeps what any method of its task kind needs, so one cached original serves them all.
     - ``presets``: task name or task kind -> settings that replace the defaults there;
       ``smoke``: settings of a smoke run (``smoke=true``).
     - ``check``: extra combination checks, ``check(cfg)`` raising ``ConfigError``.
@@ -61,6 +62,13 @@ class MethodSpec:
     smoke: Mapping[str, Any] = field(default_factory=dict)
     check: Callable[[Any], None] | None = None
     default: bool = False
+
+
+#: What a method may ask pretraining to keep (``MethodSpec.needs``) -> what that is.
+PRETRAINING_KEEPS = {
+    "last-local-model": "each client keeps its local model of the last pretraining round on its own disk "
+                        "(``client_app.kept_models``), as a real client holds it",
+}
 
 
 def load(target: str):
@@ -91,6 +99,10 @@ def all_methods() -> tuple[MethodSpec, ...]:
         unknown = set(spec.task_kinds) - set(KIND_SETTINGS)
         if unknown:
             raise RuntimeError(f"method {spec.name!r} declares unknown task kind(s) {sorted(unknown)}")
+        unknown = set(spec.needs) - set(PRETRAINING_KEEPS)
+        if unknown:
+            raise RuntimeError(f"method {spec.name!r} needs unknown pretraining record(s) {sorted(unknown)}: "
+                               f"must be among {', '.join(PRETRAINING_KEEPS)}")
     return tuple(specs)
 
 
@@ -113,6 +125,11 @@ def method_for(name: str):
 def methods_for_task(task) -> tuple[str, ...]:
     """Names of the methods that support ``task`` (a ``tasks.base.Task``)."""
     return tuple(s.name for s in all_methods() if task.kind in s.task_kinds)
+
+
+def pretraining_keeps(kind: str) -> tuple[str, ...]:
+    """What a pretraining run on a task of ``kind`` keeps: everything a method of that kind needs."""
+    return tuple(sorted({need for s in all_methods() if kind in s.task_kinds for need in s.needs}))
 
 
 def _registered(field_name: str) -> dict[str, str]:

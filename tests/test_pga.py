@@ -50,3 +50,36 @@ def test_leaving_client_ascends_inside_the_ball_around_the_reference():
     assert metrics["stopped-at-distance"] == 1 or metrics["steps"] == 2 * -(-len(data.forget_y) // 128)
     unlearned = {k: v for k, v in reply["arrays"].items() if k in dict(model.named_parameters())}
     assert all(torch.isfinite(v).all() for v in unlearned.values())
+
+
+def test_kept_local_models_round_trip_per_client_and_original(tmp_path):
+    from client_app.kept_models import keep, kept
+
+    cfg = parse_config({"method": "pga", "cache-dir": str(tmp_path / "cache")})
+    state = {"w": torch.arange(4.0)}
+    keep({}, cfg, 2, "0123456789abcdef", state)
+    assert torch.equal(kept({}, cfg, 2, "0123456789abcdef")["w"], state["w"])
+    assert kept({}, cfg, 3, "0123456789abcdef") is None  # another client kept nothing
+    assert kept({}, cfg, 2, "fedcba9876543210") is None  # nor for another original
+    node = {"state-dir": str(tmp_path / "node")}  # a SuperNode's own folder wins
+    keep(node, cfg, 2, "0123456789abcdef", {"w": torch.ones(1)})
+    assert torch.equal(kept(node, cfg, 2, "0123456789abcdef")["w"], torch.ones(1))
+    with pytest.raises(ValueError, match="16 hex digits"):
+        kept({}, cfg, 2, "../../etc/passwd")
+
+
+def test_pga_ascends_from_the_model_each_holder_kept_in_the_last_pretraining_round(tmp_path):
+    import json
+    import os
+
+    from server_app.inprocess import run_inprocess
+
+    folder = run_inprocess({"method": "pga", "scenario": "class", "smoke": True, "cache-dir": str(tmp_path / "c"),
+                            "outputs-dir": str(tmp_path / "o")}, 3)
+    with open(os.path.join(folder, "results.json")) as handle:
+        details = json.load(handle)["method"]
+    holders = details["ascending_clients"]
+    assert len(holders) >= 2  # class scenario: every client holding the class ascends
+    assert all(details["ascent"][str(c)]["own-model-kept"] == 1 for c in holders)
+    kept_files = sorted(os.listdir(tmp_path / "c" / "kept"))
+    assert len(kept_files) == 3 and all(f.startswith("last-local-") for f in kept_files)

@@ -29,7 +29,9 @@ class UnlearnContext:
 
     ``model_factory(plugins)`` builds a fresh model of the task (server-side filter training);
     ``train_config`` holds the run's local-training settings for ``train`` messages;
-    ``retrain`` returns the cached retrain-oracle model (computing it when missing).
+    ``retrain`` returns the cached retrain-oracle model (computing it when missing);
+    ``original_id`` names the original model (its cache id): what clients kept from its
+    pretraining is stored under it (``client_app.kept_models``).
     """
 
     fed: Federation
@@ -37,6 +39,7 @@ class UnlearnContext:
     original: ModelState
     model_factory: Callable[[list[dict]], object]
     retrain: Callable[[], ModelState]
+    original_id: str = ""
 
 
 @dataclass

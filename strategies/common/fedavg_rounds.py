@@ -90,17 +90,21 @@ class RoleFedAvg(FedAvg):
 
 def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, rounds: int,
                config: ConfigRecord, label: str, method: str,
-               after_round: Callable[[int, ArrayRecord], None] | None = None) -> ArrayRecord:
+               after_round: Callable[[int, ArrayRecord], None] | None = None,
+               last_round_config: dict | None = None) -> ArrayRecord:
     """``rounds`` rounds of configure -> exchange -> aggregate; logs progress with an ETA.
 
     Each aggregated model must be finite (:func:`require_finite`, ``method`` names the run's
     method in the error). ``after_round(r, arrays)`` runs after each round (used to measure
-    forgetting per round).
+    forgetting per round); ``last_round_config`` adds keys to the last round's config only
+    (pretraining asks the clients to keep their last local model).
     """
     started = time.perf_counter()
     cost = fed.cost(fed.phase)
     for server_round in range(1, rounds + 1):
-        messages = list(strategy.configure_train(server_round, arrays, config, fed.grid))
+        round_config = ConfigRecord({**dict(config), **(last_round_config or {})}) \
+            if server_round == rounds and last_round_config else config
+        messages = list(strategy.configure_train(server_round, arrays, round_config, fed.grid))
         replies = fed.exchange(messages, round_no=server_round)
         new_arrays, metrics = strategy.aggregate_train(server_round, replies)
         if new_arrays is None:

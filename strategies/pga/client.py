@@ -9,9 +9,15 @@ negated cross-entropy of its forget data from ``w_ref``: each step's gradient cl
 ``pga-clip``, the weights projected back into the ball, and the ascent stopped once the squared
 distance from ``w_i`` exceeds ``pga-stop-factor`` x that of ``w_ref`` (at most ``pga-epochs`` epochs).
 
-Choice where the paper's setting differs from this app's: the notebook keeps the leaving client's
-model of the last training round; a client here keeps no state between messages, so it retrains
-that model from the final global model with the round's settings (the same data and epochs).
+The client's own model ``w_i`` is its local model of the last pretraining round, as the notebook
+keeps it: pretraining asks every client to keep that model on its own disk (PGA ``needs``
+``last-local-model``; ``client_app.kept_models``) and the query names the original it belongs to.
+Where the client kept none (its disk was wiped, or the cached original predates keeping), it
+retrains ``w_i`` from the received global model as in a FedAvg round (its pretraining data and
+epochs) and says so (``own-model-kept`` = 0): an approximation, not the paper's model.
+
+Class and sample requests (FedUP's Table 3 applies PGA there): every client holding forget data
+runs the same ascent, on its forget set only; ``w_i`` is still its whole local model.
 The notebook stops the ascent at an absolute squared distance of 2.2 from ``w_i`` (its MNIST
 network); on digits with LeNet-5 the reference model itself is already at 74 from ``w_i`` (seed 42,
 10 clients), so that rule ends the ascent after one step. The threshold is therefore relative to
@@ -37,15 +43,24 @@ def _load_params(model: torch.nn.Module, params: dict[str, torch.Tensor]) -> Non
             p.copy_(params[name])
 
 
+def _own_model(task, cfg, data, model, kept: dict | None, seed: int, device) -> dict[str, torch.Tensor]:
+    """``w_i``: the kept last-round local model, else one local round retrained from the global model."""
+    own = task.client_model(cfg, model.state_dict(), [])
+    if kept is not None:
+        own.load_state_dict(kept)
+    else:
+        x_all, y_all = data.split("all")
+        train_local(own, x_all, y_all, epochs=data.local_epochs("all", cfg, cfg["local-epochs"]),
+                    batch_size=cfg["batch-size"], lr=cfg["lr"], momentum=cfg["momentum"], seed=seed, device=device)
+    return {k: v.to("cpu") for k, v in _params(own).items()}
+
+
 def pga_query(task, cfg, data, model, conf: dict, seed: int) -> dict:
     """The registered ``query.pga`` handler: the unlearned model and how the ascent went."""
     device = device_for()
     global_params = _params(model)
-    own = task.client_model(cfg, model.state_dict(), [])
-    x_all, y_all = data.split("all")
-    train_local(own, x_all, y_all, epochs=data.local_epochs("all", cfg, cfg["local-epochs"]),
-                batch_size=cfg["batch-size"], lr=cfg["lr"], momentum=cfg["momentum"], seed=seed, device=device)
-    own_params = {k: v.to("cpu") for k, v in _params(own).items()}
+    own_params = _own_model(task, cfg, data, model, conf.get("kept-local-model"), seed, device)
+    own_kept = conf.get("kept-local-model") is not None
     reference = reference_model(global_params, own_params, float(conf["weight"]))
     fresh = [_params(task.build_model([], seed=seed + k)) for k in range(cfg["pga-random-models"])]
     radius_sq = cfg["pga-radius-fraction"] * sum(squared_distance(reference, f) for f in fresh) / len(fresh)
@@ -82,7 +97,7 @@ def pga_query(task, cfg, data, model, conf: dict, seed: int) -> dict:
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     distance_reference = squared_distance({k: state[k] for k in reference}, reference)
     return {"arrays": state,
-            "metrics": {"num-examples": len(y), "steps": steps, "stopped-at-distance": int(stopped),
+            "metrics": {"num-examples": len(y), "steps": steps, "own-model-kept": int(own_kept), "stopped-at-distance": int(stopped),
                         "distance-to-own": distance_own, "distance-to-reference": distance_reference,
                         "radius-sq": radius_sq,
                         "distance-reference-own": start_own}}

@@ -14,14 +14,14 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
-from server_app import cache
+from server_app import cache, history
 from server_app.atomic import folder_problem
 from server_app.evaluation import evaluate_model
 from server_app.report import append_csv, package_versions, plot_kr_curve, run_folder, write_results
 from strategies.common.base import ModelState, UnlearnContext
 from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds
 from strategies.common.federation import Federation
-from strategies.registry import method_for, pretraining_keeps
+from strategies.registry import method_for, method_spec, pretraining_keeps
 from tasks.config import Config, ConfigError, inapplicable_settings, parse_config
 from tasks.diagnostics import forgetting_dispersion, pca_scatter_png, resurfacing_summary, rollback_tendency
 from tasks.plugins import specs_to_json
@@ -42,6 +42,7 @@ class Experiment:
         self._retrain: ModelState | None = None
         self.built_cost: dict[str, dict] = {}
         self.model_ids: dict[str, str] = {}
+        self.pretraining: dict = {}  # what pretraining kept on the server for the method (``history``)
 
     def say(self, text: str) -> None:
         log.info("[%7.1fs] %s", time.perf_counter() - self.started, text)
@@ -104,14 +105,15 @@ class Experiment:
         return ConfigRecord({"epochs": self.cfg["local-epochs"], "lr": self.cfg["lr"], **extra})
 
     def fedavg(self, arrays: ArrayRecord, role: str, rounds: int, label: str, *, plugins: list[dict] = (),
-               seed_offset: int = 0, after_round=None, last_round_config: dict | None = None) -> ArrayRecord:
+               seed_offset: int = 0, after_round=None, last_round_config: dict | None = None,
+               on_replies=None) -> ArrayRecord:
         """``rounds`` of FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged)."""
         strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"],
                               seed=self.cfg["seed"] + seed_offset)
         return run_rounds(self.fed, strategy, arrays, rounds=rounds,
                           config=self.train_config(plugins=specs_to_json(list(plugins))),
                           label=label, method=self.cfg["method"], after_round=after_round,
-                          last_round_config=last_round_config)
+                          last_round_config=last_round_config, on_replies=on_replies)
 
     def fresh_model(self) -> ArrayRecord:
         return ArrayRecord(self.cfg.task.server_model(self.cfg, []).state_dict())
@@ -131,15 +133,30 @@ class Experiment:
         cost = self.fed.start_phase("pretrain" if kind == "original" else "retrain")
         started = time.perf_counter()
         cached = cache.load(self.cfg, key) if self.data_id else None
+        recorder = self.history_recorder(kind)
+        if cached is not None and recorder is not None:
+            found = history.load(cache.cache_dir(self.cfg), self.model_ids[kind], recorder.interval) \
+                if self.data_id else None
+            if found is None:
+                self.say(f"{kind} model cached without the update history method '{self.cfg['method']}' needs: "
+                         "pretraining again to record it")
+                cached = None
+            else:
+                self.pretraining["update-history"], self.pretraining["history_bytes"] = found
         if cached is not None:
             arrays, self.built_cost[kind] = cached
             self.say(f"{kind} model found in the cache")
         else:
             self.say(f"{kind}: {rounds} FedAvg rounds on '{role}' data")
             failed_before = len(cost.failures)
-            arrays = self.fedavg(self.fresh_model(), role, rounds, kind, last_round_config=self.keep_config(kind))
+            arrays = self.fedavg(self.fresh_model(), role, rounds, kind, last_round_config=self.keep_config(kind),
+                                 on_replies=recorder.record if recorder else None)
             cost.seconds += time.perf_counter() - started
             self.built_cost[kind] = cost.as_dict()
+            if recorder is not None:
+                self.pretraining["update-history"] = recorder.rounds
+                self.pretraining["history_bytes"] = history.store(cache.cache_dir(self.cfg), self.model_ids[kind],
+                                                                  recorder) if self.data_id else None
             if len(cost.failures) > failed_before:
                 clients = sorted({f["client_id"] for f in cost.failures[failed_before:]})
                 log.warning("%s model is degraded (trained while client(s) %s failed): not cached", kind,
@@ -149,6 +166,13 @@ class Experiment:
             return ModelState(arrays)
         cost.seconds += time.perf_counter() - started
         return ModelState(arrays)
+
+    def history_recorder(self, kind: str) -> history.UpdateHistory | None:
+        """A recorder of pretraining's rounds when the run's method needs ``update-history``
+        (only then: the history is as large as ``rounds / interval`` x clients models)."""
+        if kind != "original" or "update-history" not in method_spec(self.cfg["method"]).needs:
+            return None
+        return history.UpdateHistory(self.method.history_interval(self.cfg), self.fed.client_id)
 
     def keep_config(self, kind: str) -> dict | None:
         """What the last pretraining round asks clients to keep (``strategies.registry.pretraining_keeps``):
@@ -197,6 +221,7 @@ class Experiment:
         original = self.cached_fedavg("original", "all", self.cfg["pretrain-rounds"])
         require_finite(original.arrays, phase="pretrain", round_no=self.cfg["pretrain-rounds"], method="original")
         ctx = UnlearnContext(self.fed, self.cfg, original, original_id=self.model_ids["original"],
+                             pretraining=self.pretraining,
                              model_factory=lambda plugins: self.cfg.task.server_model(self.cfg, plugins),
                              retrain=self.retrain)
 

@@ -31,7 +31,9 @@ class UnlearnContext:
     ``train_config`` holds the run's local-training settings for ``train`` messages;
     ``retrain`` returns the cached retrain-oracle model (computing it when missing);
     ``original_id`` names the original model (its cache id): what clients kept from its
-    pretraining is stored under it (``client_app.kept_models``).
+    pretraining is stored under it (``client_app.kept_models``); ``pretraining`` holds what the
+    server kept from pretraining for the method (``update-history``: ``server_app.history``, and
+    ``history_bytes``, its size on disk).
     """
 
     fed: Federation
@@ -40,6 +42,7 @@ class UnlearnContext:
     model_factory: Callable[[list[dict]], object]
     retrain: Callable[[], ModelState]
     original_id: str = ""
+    pretraining: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -61,6 +64,10 @@ class UnlearningMethod:
 
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         raise NotImplementedError
+
+    def history_interval(self, cfg) -> int:
+        """For a method that needs ``update-history``: keep every this-many-th pretraining round."""
+        return 1
 
     def restore(self, unlearned: ModelState, ctx: UnlearnContext) -> ModelState:
         raise NotImplementedError(f"method '{self.name}' is not reversible")

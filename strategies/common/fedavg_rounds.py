@@ -91,13 +91,15 @@ class RoleFedAvg(FedAvg):
 def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, rounds: int,
                config: ConfigRecord, label: str, method: str,
                after_round: Callable[[int, ArrayRecord], None] | None = None,
-               last_round_config: dict | None = None) -> ArrayRecord:
+               last_round_config: dict | None = None,
+               on_replies: Callable[[int, ArrayRecord, list[Message]], None] | None = None) -> ArrayRecord:
     """``rounds`` rounds of configure -> exchange -> aggregate; logs progress with an ETA.
 
     Each aggregated model must be finite (:func:`require_finite`, ``method`` names the run's
     method in the error). ``after_round(r, arrays)`` runs after each round (used to measure
     forgetting per round); ``last_round_config`` adds keys to the last round's config only
-    (pretraining asks the clients to keep their last local model).
+    (pretraining asks the clients to keep their last local model); ``on_replies(r, sent, replies)``
+    sees each round's global model and the valid client replies (pretraining's update history).
     """
     started = time.perf_counter()
     cost = fed.cost(fed.phase)
@@ -106,6 +108,8 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
             if server_round == rounds and last_round_config else config
         messages = list(strategy.configure_train(server_round, arrays, round_config, fed.grid))
         replies = fed.exchange(messages, round_no=server_round)
+        if on_replies is not None:
+            on_replies(server_round, arrays, replies)
         new_arrays, metrics = strategy.aggregate_train(server_round, replies)
         if new_arrays is None:
             raise RuntimeError(f"phase '{fed.phase}' round {server_round}: aggregation produced no model")

@@ -133,16 +133,11 @@ class Experiment:
         cost = self.fed.start_phase("pretrain" if kind == "original" else "retrain")
         started = time.perf_counter()
         cached = cache.load(self.cfg, key) if self.data_id else None
-        recorder = self.history_recorder(kind)
-        if cached is not None and recorder is not None:
-            found = history.load(cache.cache_dir(self.cfg), self.model_ids[kind], recorder.interval) \
-                if self.data_id else None
-            if found is None:
-                self.say(f"{kind} model cached without the update history method '{self.cfg['method']}' needs: "
-                         "pretraining again to record it")
-                cached = None
-            else:
-                self.pretraining["update-history"], self.pretraining["history_bytes"] = found
+        recorder, previous = self.history_recorder(kind), None
+        if cached is not None and recorder is not None and not self.load_history(kind, recorder.interval):
+            self.say(f"{kind} model cached without the update history method '{self.cfg['method']}' needs: "
+                     "pretraining again to record it")
+            previous, cached = cached[0], None
         if cached is not None:
             arrays, self.built_cost[kind] = cached
             self.say(f"{kind} model found in the cache")
@@ -154,18 +149,29 @@ class Experiment:
             cost.seconds += time.perf_counter() - started
             self.built_cost[kind] = cost.as_dict()
             if recorder is not None:
-                self.pretraining["update-history"] = recorder.rounds
-                self.pretraining["history_bytes"] = history.store(cache.cache_dir(self.cfg), self.model_ids[kind],
-                                                                  recorder) if self.data_id else None
+                self.pretraining.update({"update-history": recorder.rounds, "history_bytes": None})
             if len(cost.failures) > failed_before:
                 clients = sorted({f["client_id"] for f in cost.failures[failed_before:]})
                 log.warning("%s model is degraded (trained while client(s) %s failed): not cached", kind,
                             ", ".join(map(str, clients)))
             elif self.data_id:
+                if previous is not None and not _same_model(ModelState(previous), ModelState(arrays)):
+                    log.warning("%s model trained again for its history differs from the cached one; the cache "
+                                "now holds the new one, which the history belongs to", kind)
                 self.say(f"{kind} model cached at {cache.store(self.cfg, key, arrays, self.built_cost[kind])}")
+                if recorder is not None:
+                    self.pretraining["history_bytes"] = history.store(cache.cache_dir(self.cfg),
+                                                                      self.model_ids[kind], recorder)
             return ModelState(arrays)
         cost.seconds += time.perf_counter() - started
         return ModelState(arrays)
+
+    def load_history(self, kind: str, interval: int) -> bool:
+        """Load the cached update history of the ``kind`` model into ``pretraining``; False if there is none."""
+        found = history.load(cache.cache_dir(self.cfg), self.model_ids[kind], interval)
+        if found is not None:
+            self.pretraining["update-history"], self.pretraining["history_bytes"] = found
+        return found is not None
 
     def history_recorder(self, kind: str) -> history.UpdateHistory | None:
         """A recorder of pretraining's rounds when the run's method needs ``update-history``

@@ -46,10 +46,16 @@ def test_history_keeps_every_interval_th_round_by_client_and_round_trips(tmp_pat
 
 
 def test_federaser_unlearns_from_the_history_its_pretraining_kept(tmp_path):
-    run = {"method": "federaser", "scenario": "client", "smoke": True, "cache-dir": str(tmp_path / "c"),
+    run = {"method": "none", "scenario": "client", "smoke": True, "cache-dir": str(tmp_path / "c"),
            "outputs-dir": str(tmp_path / "o")}
-    with open(os.path.join(run_inprocess(run, 3), "results.json")) as handle:
+    run_inprocess(run, 3)  # caches the original without any history
+    (original,) = (tmp_path / "c").glob("original-*.pt")
+    before = torch.load(original, weights_only=True)
+    assert not list((tmp_path / "c").glob("history-*.pt"))  # a method that does not need it records none
+    with open(os.path.join(run_inprocess({**run, "method": "federaser"}, 3), "results.json")) as handle:
         results = json.load(handle)
+    after = torch.load(original, weights_only=True)  # pretraining again for the history: the very same original
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     details = results["method"]
     assert details["kept_rounds"] == [1, 2] and details["calibration_rounds"] == 1
     assert details["history_bytes"] == os.path.getsize(next((tmp_path / "c").glob("history-*.pt")))

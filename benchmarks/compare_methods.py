@@ -13,10 +13,11 @@ One command runs a matrix of methods x scenarios x tasks x seeds and writes into
   ``--resume`` keeps the finished rows of an earlier call with the same clients and overrides and
   runs only the rest, e.g. after adding a method).
 
-How the numbers are made: every run goes through the real phases in this process
+How the numbers are made: every run goes through the real phases in process
 (``server_app.inprocess``: the production ServerApp and ClientApp code, no Ray and no SuperLink, so
 no start-up cost per run; clients run one after the other, so a method's seconds add up over its
-clients — the same for every method). All runs share one model cache, so every method of a
+clients — the same for every method). ``--jobs 2`` runs two (task, scenario, seed) groups in two
+processes side by side, one core each; the tables say how many jobs ran. All runs share one model cache, so every method of a
 (task, scenario, seed) starts from the same original model and is compared with the same retrain
 oracle. The client scenario uses ``poison='backdoor'`` unless ``--run-config`` says otherwise.
 
@@ -125,6 +126,62 @@ def run_cell(cell: Cell, shared: dict, clients: int) -> dict:
         return {"task": cell.task, "scenario": cell.scenario, "seed": cell.seed, "method": cell.method,
                 "status": "failed", "error": " ".join(f"{type(err).__name__}: {err}".split())[:300],
                 "flags": [], "reasons": []}
+
+
+def _worker(groups: list[list[Cell]], shared: dict, clients: int, queue) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    for group in groups:
+        for cell in group:
+            started = time.perf_counter()
+            queue.put((cell, run_cell(cell, shared, clients), time.perf_counter() - started))
+
+
+def run_matrix(cells: list[Cell], shared: dict, clients: int, jobs: int, on_row) -> None:
+    """Run ``cells``, calling ``on_row(cell, row, seconds)`` as each finishes.
+
+    The runs of one (task, scenario, seed) go in order through one process — the first builds the
+    original and retrain models, the others find them in the shared cache — and with ``jobs`` > 1
+    such groups run in that many processes side by side (each single-threaded: one core each)."""
+    groups: dict[tuple, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault((cell.task, cell.scenario, cell.seed), []).append(cell)
+    if jobs == 1 or len(groups) == 1:
+        for group in groups.values():
+            for cell in group:
+                started = time.perf_counter()
+                on_row(cell, run_cell(cell, shared, clients), time.perf_counter() - started)
+        return
+    import multiprocessing
+    import queue as queues
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    shares: list[list[list[Cell]]] = [[] for _ in range(jobs)]
+    for group in sorted(groups.values(), key=len, reverse=True):  # the longest groups first, to the least loaded
+        min(shares, key=lambda share: sum(map(len, share))).append(group)
+    workers = [context.Process(target=_worker, args=(share, shared, clients, results)) for share in shares if share]
+    for worker in workers:
+        worker.start()
+    pending = set(cells)
+    try:
+        while pending:
+            try:
+                cell, row, seconds = results.get(timeout=5)
+            except queues.Empty:
+                if any(w.is_alive() for w in workers):
+                    continue
+                for cell in sorted(pending, key=cells.index):  # a worker died: what it had left failed
+                    on_row(cell, {"task": cell.task, "scenario": cell.scenario, "seed": cell.seed,
+                                  "method": cell.method, "status": "failed", "flags": [], "reasons": [],
+                                  "error": "its worker process ended before running it"}, 0.0)
+                return
+            pending.discard(cell)
+            on_row(cell, row, seconds)
+    finally:
+        for worker in workers:
+            worker.join(timeout=5)
+            if worker.is_alive():
+                worker.terminate()
 
 
 def blocked_metrics(row: dict) -> dict[str, str]:
@@ -280,10 +337,11 @@ def write_rows(out: str, rows: list[dict]) -> None:
     write_text(os.path.join(out, "runs.csv"), buffer.getvalue())
 
 
-def report(rows: list[dict], skipped: list[str], clients: int, overrides: str) -> str:
+def report(rows: list[dict], skipped: list[str], clients: int, overrides: str, jobs: int) -> str:
     return "\n\n".join([
-        "# Method comparison", f"In-process runs (`server_app.inprocess`, clients sequential, no Ray), {clients} "
-        f"clients, shared overrides: `{overrides or 'none'}`. Entries are mean ± std over the seeds; "
+        "# Method comparison",
+        f"In-process runs (`server_app.inprocess`, clients sequential, no Ray; {jobs} job(s) side by side), "
+        f"{clients} clients, shared overrides: `{overrides or 'none'}`. Entries are mean ± std over the seeds; "
         "`(k/n)`: only k of n seeds gave a number.",
         fedup_tables(rows), lethe_tables(rows), "## Failed, flagged and skipped", problems(rows, skipped)]) + "\n"
 
@@ -298,6 +356,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--run-config", default="continue-rounds=20",
                         help="shared overrides, as for flwr run --run-config (default: continue-rounds=20)")
     parser.add_argument("--out", required=True, help="folder for the tables, the plot, the rows, the cache and runs")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="processes running (task, scenario, seed) groups side by side (<= the cores)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows of finished runs already in OUT/runs.json (same clients and overrides)")
     args = parser.parse_args(argv)
@@ -307,24 +367,29 @@ def main(argv: list[str] | None = None) -> str:
         raise SystemExit(f"--seeds: {args.seeds!r} must be comma-separated integers") from None
     if args.clients < 2:
         raise SystemExit(f"--clients: {args.clients} must be >= 2")
+    if not 1 <= args.jobs <= (os.cpu_count() or 1):
+        raise SystemExit(f"--jobs: {args.jobs} must be in 1..{os.cpu_count()} (this machine's cores)")
     cells, skipped = plan(args.methods.split(","), args.scenarios.split(","), args.tasks.split(","), seeds)
     os.makedirs(args.out, exist_ok=True)
     shared = {"cache-dir": os.path.join(args.out, "cache"), "outputs-dir": os.path.join(args.out, "runs"),
               **parse_overrides(args.run_config)}
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     done = finished_rows(args.out, args.clients, args.run_config) if args.resume else {}
-    rows, started = [], time.perf_counter()
-    for i, cell in enumerate(cells, start=1):
-        run_started = time.perf_counter()
-        row = done.get(cell) or {**run_cell(cell, shared, args.clients), "clients": args.clients,
-                                 "overrides": args.run_config}
-        rows.append(row)
-        write_rows(args.out, rows)
-        elapsed = time.perf_counter() - started
-        print(f"[{i}/{len(cells)}] {cell.method} on {cell.task} / {cell.scenario} / seed {cell.seed}: "
-              f"{'kept from the earlier call' if cell in done else row['status']} in {time.perf_counter() - run_started:.0f}s; elapsed {elapsed / 60:.1f} min, "
-              f"about {elapsed / i * (len(cells) - i) / 60:.1f} min left", flush=True)
-    text = report(rows, skipped, args.clients, args.run_config)
+    rows: dict[Cell, dict] = {cell: done[cell] for cell in cells if cell in done}
+    started = time.perf_counter()
+
+    def on_row(cell: Cell, row: dict, seconds: float) -> None:
+        rows[cell] = {**row, "clients": args.clients, "overrides": args.run_config}
+        write_rows(args.out, [rows[c] for c in cells if c in rows])
+        elapsed, finished = time.perf_counter() - started, len(rows) - len(done)
+        left = len(cells) - len(rows)
+        print(f"[{len(rows)}/{len(cells)}] {cell.method} on {cell.task} / {cell.scenario} / seed {cell.seed}: "
+              f"{row['status']} in {seconds:.0f}s; elapsed {elapsed / 60:.1f} min, about "
+              f"{elapsed / finished * left / 60:.1f} min left", flush=True)
+
+    run_matrix([c for c in cells if c not in done], shared, args.clients, args.jobs, on_row)
+    rows = [rows[c] for c in cells]
+    text = report(rows, skipped, args.clients, args.run_config, args.jobs)
     write_text(os.path.join(args.out, "tables.md"), text)
     plot_curves(rows, os.path.join(args.out, "kr_curves.png"))
     print(text)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -10,11 +9,8 @@ from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_methods.py"
-_spec = importlib.util.spec_from_file_location("compare_methods", _PATH)
-compare = importlib.util.module_from_spec(_spec)
-sys.modules["compare_methods"] = compare  # its dataclass looks its module up there
-_spec.loader.exec_module(compare)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # a script folder, not a package
+import compare_methods as compare  # noqa: E402  (its --jobs workers import it by this name, too)
 
 
 def _row(seed, method="fedup", scenario="class", **values):
@@ -69,20 +65,21 @@ def test_plan_skips_what_a_method_does_not_support_and_rejects_unknown_names():
         compare.plan(["retrain"], ["everything"], ["digits-lenet5"], [1])
 
 
-def test_one_small_matrix_writes_tables_plot_and_rows(tmp_path):
+def test_one_small_matrix_in_two_jobs_writes_tables_plot_and_rows(tmp_path):
     out = str(tmp_path / "cmp")
-    compare.main(["--methods", "none,retrain", "--scenarios", "class", "--seeds", "3", "--clients", "3",
-                  "--run-config", "smoke=true", "--out", out])
+    matrix = ["--methods", "none,retrain", "--scenarios", "class,sample", "--seeds", "3", "--clients", "3",
+              "--run-config", "smoke=true", "--out", out]
+    compare.main(matrix + ["--jobs", "2"])  # the class and the sample group side by side
     with open(os.path.join(out, "runs.json")) as handle:
         rows = json.load(handle)
-    assert [(r["method"], r["status"]) for r in rows] == [("none", "ok"), ("retrain", "ok")]
-    none, retrain = rows
+    assert [(r["scenario"], r["method"], r["status"]) for r in rows] == [
+        ("class", "none", "ok"), ("class", "retrain", "ok"), ("sample", "none", "ok"), ("sample", "retrain", "ok")]
+    none, retrain = rows[:2]
     assert none["bytes"] == 0 and retrain["bytes"] > 0  # none sends nothing; retrain's cost is its build
     assert retrain["forget_acc"] < none["forget_acc"] or "original_learned" in none["flags"]
     tables = open(os.path.join(out, "tables.md")).read()
-    assert "Table 3 layout" in tables and "Table IV layout (Lethe): class" in tables
+    assert "Table 3 layout" in tables and "Table IV layout (Lethe): class" in tables and "2 job(s)" in tables
     assert os.path.getsize(os.path.join(out, "kr_curves.png")) > 1000
-    compare.main(["--methods", "none,retrain", "--scenarios", "class", "--seeds", "3", "--clients", "3",
-                  "--run-config", "smoke=true", "--out", out, "--resume"])  # nothing left to run: rows kept
+    compare.main(matrix + ["--resume"])  # nothing left to run: the rows are kept
     with open(os.path.join(out, "runs.json")) as handle:
         assert json.load(handle) == rows

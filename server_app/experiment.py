@@ -106,14 +106,14 @@ class Experiment:
 
     def fedavg(self, arrays: ArrayRecord, role: str, rounds: int, label: str, *, plugins: list[dict] = (),
                seed_offset: int = 0, after_round=None, last_round_config: dict | None = None,
-               on_replies=None) -> ArrayRecord:
+               on_replies=None, aggregate=None) -> ArrayRecord:
         """``rounds`` of FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged)."""
         strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"],
                               seed=self.cfg["seed"] + seed_offset)
         return run_rounds(self.fed, strategy, arrays, rounds=rounds,
                           config=self.train_config(plugins=specs_to_json(list(plugins))),
                           label=label, method=self.cfg["method"], after_round=after_round,
-                          last_round_config=last_round_config, on_replies=on_replies)
+                          last_round_config=last_round_config, on_replies=on_replies, aggregate=aggregate)
 
     def fresh_model(self) -> ArrayRecord:
         return ArrayRecord(self.cfg.task.server_model(self.cfg, []).state_dict())
@@ -128,7 +128,8 @@ class Experiment:
         """
         federation = [{"client-id": n.client_id, **n.counts, **({"data-id": n.data_id} if n.data_id else {})}
                       for n in sorted(self.fed.nodes.values(), key=lambda n: n.client_id)]
-        key = {**cache.model_key(kind, self.cfg, federation, self.data_id), **self.cfg.task.cache_key(self.cfg)}
+        key = {**cache.model_key(kind, self.cfg, federation, self.data_id), **self.cfg.task.cache_key(self.cfg),
+               **(self.method.own_original(self.cfg) if kind == "original" else {})}
         self.model_ids[kind] = cache.entry_id(key)
         cost = self.fed.start_phase("pretrain" if kind == "original" else "retrain")
         started = time.perf_counter()
@@ -145,7 +146,8 @@ class Experiment:
             self.say(f"{kind}: {rounds} FedAvg rounds on '{role}' data")
             failed_before = len(cost.failures)
             arrays = self.fedavg(self.fresh_model(), role, rounds, kind, last_round_config=self.keep_config(kind),
-                                 on_replies=recorder.record if recorder else None)
+                                 on_replies=recorder.record if recorder else None,
+                                 aggregate=self.method.pretraining_aggregate(self.cfg) if kind == "original" else None)
             cost.seconds += time.perf_counter() - started
             self.built_cost[kind] = cost.as_dict()
             if recorder is not None:
@@ -165,6 +167,9 @@ class Experiment:
             return ModelState(arrays)
         cost.seconds += time.perf_counter() - started
         return ModelState(arrays)
+
+    def seconds_outside(self, phase: str) -> float:
+        return sum(cost.seconds for name, cost in self.fed.costs.items() if name != phase)
 
     def load_history(self, kind: str, interval: int) -> bool:
         """Load the cached update history of the ``kind`` model into ``pretraining``; False if there is none."""
@@ -233,10 +238,11 @@ class Experiment:
 
         self.say(f"unlearn: method '{self.method.name}'")
         cost = self.fed.start_phase("unlearn")
-        started = time.perf_counter()
+        started, elsewhere = time.perf_counter(), self.seconds_outside("unlearn")
         result = self.method.unlearn(ctx)
         require_finite(result.model.arrays, phase="unlearn", round_no=cost.rounds, method=self.method.name)
-        cost.seconds += time.perf_counter() - started
+        # seconds a method spent in another phase meanwhile (Exact-Fun's "verify") are that phase's
+        cost.seconds += time.perf_counter() - started - (self.seconds_outside("unlearn") - elsewhere)
         if result.built:  # the unlearned model is a cached build: its unlearning cost is what building it cost
             cost.seconds, cost.rounds, cost.bytes_up, cost.bytes_down = (
                 self.built_cost[result.built][k] for k in ("seconds", "rounds", "bytes_up", "bytes_down"))
@@ -288,6 +294,7 @@ class Experiment:
                             {name: (f["retain"], f["forget"]) for name, f in feats.items()})
         results = {
             "run": {"task": cfg["task"], "method": cfg["method"], "scenario": cfg["scenario"],
+                    "own_original": self.method.own_original(self.cfg) or None,
                     "seed": cfg["seed"], "num_clients": self.fed.num_clients,
                     "forget_clients": [self.fed.client_id(n) for n in self.fed.nodes_with("n-forget")],
                     "config": cfg, "presets": self.cfg.presets, "versions": package_versions()},
@@ -297,6 +304,7 @@ class Experiment:
             "failures": [failure for cost in self.fed.costs.values() for failure in cost.failures],
             "cost": {**{name: self.fed.cost(name).as_dict()
                         for name in ("pretrain", "retrain", "unlearn", "continue", "evaluate")},
+                     **{name: cost.as_dict() for name, cost in self.fed.costs.items() if name == "verify"},
                      "built": self.built_cost},
             "diagnostics": diagnostics,
             "method": details,

@@ -65,6 +65,17 @@ class UnlearningMethod:
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         raise NotImplementedError
 
+    def own_original(self, cfg) -> dict:
+        """A method whose original differs from the shared one (its pretraining does something else)
+        returns what identifies it: added to the original's cache key and shown in results.json
+        (``run.own_original``), so tables never mix it with the shared original without saying."""
+        return {}
+
+    def pretraining_aggregate(self, cfg):
+        """For a method with its own original: ``aggregate(replies) -> ArrayRecord`` replacing FedAvg's
+        aggregation in its pretraining rounds (None: plain FedAvg)."""
+        return None
+
     def history_interval(self, cfg) -> int:
         """For a method that needs ``update-history``: keep every this-many-th pretraining round."""
         return 1

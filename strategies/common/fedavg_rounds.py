@@ -92,14 +92,17 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
                config: ConfigRecord, label: str, method: str,
                after_round: Callable[[int, ArrayRecord], None] | None = None,
                last_round_config: dict | None = None,
-               on_replies: Callable[[int, ArrayRecord, list[Message]], None] | None = None) -> ArrayRecord:
+               on_replies: Callable[[int, ArrayRecord, list[Message]], None] | None = None,
+               aggregate: Callable[[list[Message]], ArrayRecord] | None = None) -> ArrayRecord:
     """``rounds`` rounds of configure -> exchange -> aggregate; logs progress with an ETA.
 
     Each aggregated model must be finite (:func:`require_finite`, ``method`` names the run's
     method in the error). ``after_round(r, arrays)`` runs after each round (used to measure
     forgetting per round); ``last_round_config`` adds keys to the last round's config only
     (pretraining asks the clients to keep their last local model); ``on_replies(r, sent, replies)``
-    sees each round's global model and the valid client replies (pretraining's update history).
+    sees each round's global model and the valid client replies (pretraining's update history);
+    ``aggregate(replies)``, when given, makes the round's model instead of FedAvg's own (a method
+    that trains its own original, e.g. Exact-Fun's quantised FedAvg).
     """
     started = time.perf_counter()
     cost = fed.cost(fed.phase)
@@ -110,7 +113,10 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
         replies = fed.exchange(messages, round_no=server_round)
         if on_replies is not None:
             on_replies(server_round, arrays, replies)
-        new_arrays, metrics = strategy.aggregate_train(server_round, replies)
+        if aggregate is None:
+            new_arrays, metrics = strategy.aggregate_train(server_round, replies)
+        else:
+            new_arrays, metrics = aggregate(replies), None
         if new_arrays is None:
             raise RuntimeError(f"phase '{fed.phase}' round {server_round}: aggregation produced no model")
         require_finite(new_arrays, phase=fed.phase, round_no=server_round, method=method, last_finite=arrays)

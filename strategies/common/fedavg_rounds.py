@@ -88,6 +88,14 @@ class RoleFedAvg(FedAvg):
         return self._construct_messages(record, chosen, "train")
 
 
+def _mean_loss(replies: list[Message]) -> dict:
+    """The example-weighted mean of the clients' reported ``loss`` (what FedAvg's metrics hold)."""
+    pairs = [(float(r.content["metrics"]["loss"]), int(r.content["metrics"]["num-examples"])) for r in replies
+             if "loss" in r.content["metrics"]]
+    total = sum(n for _, n in pairs)
+    return {"loss": sum(loss * n for loss, n in pairs) / total} if total else {}
+
+
 def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, rounds: int,
                config: ConfigRecord, label: str, method: str,
                after_round: Callable[[int, ArrayRecord], None] | None = None,
@@ -116,7 +124,7 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
         if aggregate is None:
             new_arrays, metrics = strategy.aggregate_train(server_round, replies)
         else:
-            new_arrays, metrics = aggregate(replies), None
+            new_arrays, metrics = aggregate(replies), _mean_loss(replies)
         if new_arrays is None:
             raise RuntimeError(f"phase '{fed.phase}' round {server_round}: aggregation produced no model")
         require_finite(new_arrays, phase=fed.phase, round_no=server_round, method=method, last_finite=arrays)

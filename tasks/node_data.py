@@ -1,12 +1,20 @@
 """A SuperNode's own data: the files behind its ``data-path`` node-config key.
 
-Vision tasks read one ``.npz`` file per split from the folder ``data-path``:
+Vision tasks read, per split (``train``: the node's training data; ``test``: its local test split),
+from the folder ``data-path`` either
 
-- ``train.npz``: the node's training data; ``test.npz``: its local test split.
-- each holds ``x``, images of shape (N, H, W) (one channel) or (N, C, H, W), either uint8 in
-  0..255 or float in [0, 1], with H = W = 32 and C the task's channels (1 for digits/MNIST, 3 for
-  CIFAR); and ``y``, integer labels (N,) in 0..num_classes-1.
-- written e.g. with ``numpy.savez(path, x=images, y=labels)``; read with ``allow_pickle=False``.
+- one ``.npz`` file, ``train.npz`` / ``test.npz``, holding ``x``, images of shape (N, H, W) (one
+  channel) or (N, C, H, W), either uint8 in 0..255 or float in [0, 1], with H = W = 32 and C the
+  task's channels (1 for digits/MNIST, 3 for CIFAR); and ``y``, integer labels (N,) in
+  0..num_classes-1 — written e.g. with ``numpy.savez(path, x=images, y=labels)``, read with
+  ``allow_pickle=False``; or
+- an image folder, ``train/<label>/<image>`` / ``test/<label>/<image>``: one sub-folder per class
+  named by its integer label (``0`` … ``num_classes-1``; names, not alphabetical order, give the
+  label, so ``10`` is never sorted before ``2``), images in PNG, JPEG or BMP, read with Pillow,
+  converted to the task's channels (grey or RGB) and resized to 32×32 (bilinear) when they are
+  another size. Files are read in sorted order, so every read gives the same tensors.
+
+When both forms are present for a split, the ``.npz`` file is read.
 
 The request is applied on the node exactly as for a partition of the shared pool
 (``tasks.requests.apply_request``): the class scenario forgets ``forget-class`` everywhere; the
@@ -31,11 +39,25 @@ from tasks.requests import ClientData, apply_request
 from tasks.vision.datasets import IMAGE_SIZE
 
 SPLITS = ("train", "test")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+
+
+def _images(data_path: str, split: str) -> list[str]:
+    """The image files of ``split``'s image folder, sorted (empty when it has none)."""
+    root = os.path.join(data_path, split)
+    if not os.path.isdir(root):
+        return []
+    return sorted(os.path.join(folder, name) for folder, _, names in os.walk(root) for name in names
+                  if name.lower().endswith(IMAGE_SUFFIXES))
 
 
 def split_files(data_path: str) -> list[str]:
-    """The files a vision node reads, in ``SPLITS`` order."""
-    return [os.path.join(data_path, f"{split}.npz") for split in SPLITS]
+    """The files a vision node reads, in ``SPLITS`` order (its ``.npz`` file, else its images)."""
+    files = []
+    for split in SPLITS:
+        npz = os.path.join(data_path, f"{split}.npz")
+        files += [npz] if os.path.isfile(npz) else _images(data_path, split)
+    return files
 
 
 def _fail(data_path: str, problem: str) -> ValueError:
@@ -46,7 +68,10 @@ def load_split(data_path: str, split: str, num_classes: int, channels: int) -> t
     """``x`` float32 (N, C, 32, 32) in [0, 1] and ``y`` int64 (N,) of one split, checked."""
     path = os.path.join(data_path, f"{split}.npz")
     if not os.path.isfile(path):
-        raise _fail(data_path, f"{split}.npz not found (expected {path} with arrays x and y)")
+        if os.path.isdir(os.path.join(data_path, split)):
+            return load_image_folder(data_path, split, num_classes, channels)
+        raise _fail(data_path, f"neither {split}.npz (arrays x and y) nor an image folder {split}/<label>/ found "
+                               f"in {data_path}")
     try:
         with np.load(path, allow_pickle=False) as archive:
             if "x" not in archive or "y" not in archive:
@@ -75,6 +100,37 @@ def load_split(data_path: str, split: str, num_classes: int, channels: int) -> t
         raise _fail(data_path, f"{split}.npz 'y' must be integers in 0..{num_classes - 1}, "
                                f"got {y.dtype} in [{y.min()}, {y.max()}]")
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.from_numpy(y.astype(np.int64))
+
+
+def load_image_folder(data_path: str, split: str, num_classes: int, channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``split``'s image folder as ``(x, y)``: see the module docstring for the layout."""
+    from PIL import Image, UnidentifiedImageError
+
+    root = os.path.join(data_path, split)
+    labels = sorted(name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name)))
+    wrong = [name for name in labels if not (name.isdigit() and int(name) < num_classes)]
+    if wrong:
+        raise _fail(data_path, f"{split}/{wrong[0]}: class folders must be named by their label, an integer in "
+                               f"0..{num_classes - 1}")
+    mode = "L" if channels == 1 else "RGB"
+    images, targets = [], []
+    for label in labels:
+        for path in _images(data_path, os.path.join(split, label)):
+            try:
+                with Image.open(path) as image:
+                    image = image.convert(mode)
+                    if image.size != (IMAGE_SIZE, IMAGE_SIZE):
+                        image = image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BILINEAR)
+                    pixels = np.asarray(image, dtype=np.uint8)
+            except (OSError, UnidentifiedImageError) as error:
+                raise _fail(data_path, f"{os.path.relpath(path, data_path)} is not a readable image "
+                                       f"({' '.join(str(error).split())})") from None
+            images.append(pixels[None] if channels == 1 else pixels.transpose(2, 0, 1))
+            targets.append(int(label))
+    if not images:
+        raise _fail(data_path, f"the image folder {split}/ holds no PNG, JPEG or BMP image under {split}/<label>/")
+    x = torch.from_numpy(np.stack(images).astype(np.float32) / 255.0)
+    return x, torch.tensor(targets, dtype=torch.int64)
 
 
 def build_own_client_data(cfg: Config, data_path: str, partition_id: int) -> ClientData:

@@ -198,7 +198,7 @@ def test_a_node_with_its_own_files_reports_their_content_id_in_hello(tmp_path):
 
 
 @pytest.mark.parametrize("damage, match", [
-    ("missing", r"'data-path'=.*train\.npz not found"),
+    ("missing", r"'data-path'=.*neither train\.npz .* nor an image folder train/<label>/"),
     ("not-npz", r"'data-path'=.*train\.npz is not a readable \.npz file"),
     ("rgb", r"'data-path'=.*'x' has shape \(40, 3, 32, 32\)"),
     ("labels", r"'data-path'=.*'y' must be integers in 0\.\.9"),
@@ -215,6 +215,59 @@ def test_malformed_data_path_is_a_one_line_error_naming_it(tmp_path, damage, mat
         (folder / "train.npz").write_bytes(b"garbage")
     if damage == "labels":
         np.savez(folder / "train.npz", x=np.zeros((40, 32, 32), np.uint8), y=np.full(40, 10))
+    context = Context(run_id=1, node_id=7, state=RecordDict(), run_config={"scenario": "class"},
+                      node_config={"data-path": str(folder), "partition-id": 0,
+                                   "view-cache-dir": str(tmp_path / "views")})
+    with pytest.raises(ValueError, match=match) as error:
+        app(_message("query.hello"), context)
+    assert "\n" not in str(error.value)
+
+
+def _write_image_folder(folder, n_train=40, n_test=10, size=28, mode="L"):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    for split, n in (("train", n_train), ("test", n_test)):
+        for i in range(n):
+            label_dir = folder / split / str(i % 10)
+            label_dir.mkdir(parents=True, exist_ok=True)
+            shape = (size, size) if mode == "L" else (size, size, 3)
+            Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode=mode).save(label_dir / f"{i:03d}.png")
+
+
+def test_image_folder_node_reads_labels_from_folder_names_resized_to_the_task_size(tmp_path):
+    from tasks.node_data import load_image_folder, split_files
+
+    _write_image_folder(tmp_path / "node", mode="RGB")  # 28x28 RGB for a grey 32x32 task
+    x, y = load_image_folder(str(tmp_path / "node"), "train", num_classes=10, channels=1)
+    assert x.shape == (40, 1, 32, 32) and x.dtype == torch.float32 and 0 <= x.min() and x.max() <= 1
+    assert sorted(y.tolist()) == sorted(i % 10 for i in range(40))
+    assert len(split_files(str(tmp_path / "node"))) == 50  # every image identifies the node's view
+    run = {"scenario": "class", "forget-class": 3, "mia-max-samples": 20}
+    context = Context(run_id=1, node_id=7, state=RecordDict(), run_config=run,
+                      node_config={"data-path": str(tmp_path / "node"), "partition-id": 5,
+                                   "view-cache-dir": str(tmp_path / "views")})
+    hello = app(_message("query.hello"), context).content["hello"]
+    assert hello["n-forget"] == 4 and hello["n-retain"] == 36 and hello["n-forget-test"] == 1
+
+
+@pytest.mark.parametrize("damage, match", [
+    ("name", r"'data-path'=.*train/cat: class folders must be named by their label, an integer in 0\.\.9"),
+    ("range", r"'data-path'=.*train/10: class folders"),
+    ("image", r"'data-path'=.*train/0/bad\.png is not a readable image"),
+    ("empty", r"'data-path'=.*the image folder test/ holds no PNG"),
+])
+def test_malformed_image_folder_is_a_one_line_error_naming_it(tmp_path, damage, match):
+    folder = tmp_path / "node"
+    _write_image_folder(folder)
+    if damage in ("name", "range"):
+        (folder / "train" / ("cat" if damage == "name" else "10")).mkdir()
+    if damage == "image":
+        (folder / "train" / "0" / "bad.png").write_bytes(b"not a png")
+    if damage == "empty":
+        for image in (folder / "test").rglob("*.png"):
+            image.unlink()
     context = Context(run_id=1, node_id=7, state=RecordDict(), run_config={"scenario": "class"},
                       node_config={"data-path": str(folder), "partition-id": 0,
                                    "view-cache-dir": str(tmp_path / "views")})

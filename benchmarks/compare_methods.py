@@ -110,7 +110,8 @@ def summarise(cell: Cell, results: dict, folder: str) -> dict:
             "kr_unlearned": _num(res.get("kr_unlearned")), "kr_curve": [_num(v) for v in res.get("kr_curve", [])],
             "seconds": _num(cost.get("seconds")), "bytes": int(cost["bytes_up"] + cost["bytes_down"]),
             "rounds": int(cost.get("rounds", 0)), "flags": failed,
-            "reasons": list(results.get("validity", {}).get("reasons", [])), "error": "", "folder": folder}
+            "reasons": list(results.get("validity", {}).get("reasons", [])), "error": "", "folder": folder,
+            "own_original": results["run"].get("own_original")}
 
 
 def run_cell(cell: Cell, shared: dict, clients: int) -> dict:
@@ -128,8 +129,14 @@ def run_cell(cell: Cell, shared: dict, clients: int) -> dict:
                 "flags": [], "reasons": []}
 
 
-def _worker(groups: list[list[Cell]], shared: dict, clients: int, queue) -> None:
+def quiet_logs() -> None:
+    """Warnings only (Flower logs every round at INFO), so the progress lines stay readable."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+
+
+def _worker(groups: list[list[Cell]], shared: dict, clients: int, queue) -> None:
+    quiet_logs()
     for group in groups:
         for cell in group:
             started = time.perf_counter()
@@ -231,6 +238,11 @@ def _order(rows: list[dict], key: str) -> list[str]:
     return list(dict.fromkeys(row[key] for row in rows))
 
 
+def _label(rows: list[dict], method: str) -> str:
+    """The method's row name; ``*`` when it started from its own original, not the shared one."""
+    return method + (" *" if any(r["method"] == method and r.get("own_original") for r in rows) else "")
+
+
 def fedup_tables(rows: list[dict]) -> str:
     """FedUP's Table 3 (R-A, F-A, MIA per scenario) and Table 4 (time, communication per scenario)."""
     groups, scenarios, methods = _group(rows), _order(rows, "scenario"), _order(rows, "method")
@@ -245,7 +257,7 @@ def fedup_tables(rows: list[dict]) -> str:
             for method in methods:
                 cells = [entry(groups.get((task, s, method), []), m, scale, d)
                          for s in scenarios for _, m, scale, d in columns]
-                lines.append("| " + " | ".join([method] + cells) + " |")
+                lines.append("| " + " | ".join([_label(rows, method)] + cells) + " |")
             parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
@@ -254,7 +266,7 @@ def lethe_tables(rows: list[dict]) -> str:
     """Lethe's Tables III-V: one table per scenario, MU, U-KR, CT-KR, RR (%), communication."""
     groups, methods = _group(rows), _order(rows, "method")
     columns = (("MU", "test_acc", 1.0, 3), ("U-KR", "forget_acc", 1.0, 3), ("CT-KR", "ct_kr", 1.0, 3),
-               ("RR (%)", "rr", 100.0, 1), ("comm. (MB)", "bytes", 1e-6, 2))
+               ("RR (%)", "rr", 1.0, 1), ("comm. (MB)", "bytes", 1e-6, 2))
     parts = []
     for number, scenario in zip(("III", "IV", "V"), ("client", "class", "sample")):
         if scenario not in _order(rows, "scenario"):
@@ -266,8 +278,8 @@ def lethe_tables(rows: list[dict]) -> str:
             for method in methods:
                 group = groups.get((task, scenario, method), [])
                 if group:
-                    lines.append("| " + " | ".join([method] + [entry(group, m, s, d) for _, m, s, d in columns])
-                                 + " |")
+                    lines.append("| " + " | ".join([_label(rows, method)] + [entry(group, m, s, d)
+                                                                             for _, m, s, d in columns]) + " |")
             parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
@@ -342,7 +354,8 @@ def report(rows: list[dict], skipped: list[str], clients: int, overrides: str, j
         "# Method comparison",
         f"In-process runs (`server_app.inprocess`, clients sequential, no Ray; {jobs} job(s) side by side), "
         f"{clients} clients, shared overrides: `{overrides or 'none'}`. Entries are mean ± std over the seeds; "
-        "`(k/n)`: only k of n seeds gave a number.",
+        "`(k/n)`: only k of n seeds gave a number; `*`: the method trains its own original model (its "
+        "`run.own_original` in results.json), not the shared one the other rows start from.",
         fedup_tables(rows), lethe_tables(rows), "## Failed, flagged and skipped", problems(rows, skipped)]) + "\n"
 
 
@@ -373,7 +386,7 @@ def main(argv: list[str] | None = None) -> str:
     os.makedirs(args.out, exist_ok=True)
     shared = {"cache-dir": os.path.join(args.out, "cache"), "outputs-dir": os.path.join(args.out, "runs"),
               **parse_overrides(args.run_config)}
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    quiet_logs()
     done = finished_rows(args.out, args.clients, args.run_config) if args.resume else {}
     rows: dict[Cell, dict] = {cell: done[cell] for cell in cells if cell in done}
     started = time.perf_counter()

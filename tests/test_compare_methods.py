@@ -16,7 +16,7 @@ import compare_methods as compare  # noqa: E402  (its --jobs workers import it b
 def _row(seed, method="fedup", scenario="class", **values):
     base = {"task": "digits-lenet5", "scenario": scenario, "seed": seed, "method": method, "status": "ok",
             "retain_acc": 0.9, "forget_acc": 0.0, "test_acc": 0.9, "mia": 0.1, "target_rate": None, "ct_kr": 0.1,
-            "rr": 0.05, "diverged_at_round": None, "seconds": 2.0, "bytes": 2_000_000, "rounds": 1, "flags": [],
+            "rr": 5.0, "diverged_at_round": None, "seconds": 2.0, "bytes": 2_000_000, "rounds": 1, "flags": [],
             "reasons": [], "kr_unlearned": 0.0, "kr_curve": [0.0, 0.1], "error": ""}
     return {**base, **values}
 
@@ -41,6 +41,7 @@ def test_entries_are_mean_and_std_over_seeds_and_say_what_is_missing():
 def test_tables_have_the_papers_layouts_and_list_problems():
     rows = [_row(1, scenario=s, method=m) for s in ("client", "class") for m in ("retrain", "fedup")]
     rows.append(_row(1, scenario="class", method="lethe", flags=["original_usable"], reasons=["original broken"]))
+    rows.append(_row(1, scenario="client", method="exact-fun", own_original={"exact-fun-quantised-step": 0.001}))
     fedup = compare.fedup_tables(rows)
     assert "| method | Client R-A | Client F-A | Client MIA | Class R-A | Class F-A | Class MIA |" in fedup
     assert "| fedup | 0.900 | 0.000 | 0.100 | 0.900 | 0.000 | 0.100 |" in fedup
@@ -49,7 +50,8 @@ def test_tables_have_the_papers_layouts_and_list_problems():
     lethe = compare.lethe_tables(rows)
     assert "Table III layout (Lethe): client" in lethe and "Table IV layout (Lethe): class" in lethe
     assert "Table V" not in lethe
-    assert "| fedup | 0.900 | 0.000 | 0.100 | 5.0 | 2.00 |" in lethe
+    assert "| fedup | 0.900 | 0.000 | 0.100 | 5.0 | 2.00 |" in lethe  # RR is a percentage already
+    assert "| exact-fun * | 0.900 |" in lethe and "| exact-fun * | 0.900 |" in fedup  # its own original
     listed = compare.problems(rows, ["pga on digits-lenet5 / sample: does not support the sample scenario"])
     assert "flagged: lethe on digits-lenet5 / class / seed 1: original broken" in listed
     assert "skipped: pga on digits-lenet5 / sample" in listed

@@ -1,0 +1,29 @@
+"""FUSED's run-config keys (``fused-*``); defaults are the paper's public code (LeNet on MNIST)."""
+
+from __future__ import annotations
+
+from tasks.config import Setting, in_range, positive, setting
+
+SETTINGS: tuple[Setting, ...] = (
+    setting("fused-layers", str, "auto",
+            "layers that get a LoRA adapter: auto = the per-model table of docs/fused.md, or comma-separated "
+            "module names (nn.Linear / nn.Conv2d)"),
+    setting("fused-rank", int, 16, "LoRA rank r of each adapter", positive()),
+    setting("fused-alpha", float, 32.0, "LoRA alpha (the update is scaled by alpha / r)", positive()),
+    setting("fused-dropout", float, 0.1, "LoRA dropout on each adapted layer's input", in_range(0, 0.99, "in [0, 0.99]")),
+    setting("fused-rounds", int, 10, "FedAvg rounds that train the adapters", positive()),
+    setting("fused-epochs", int, 1, "local epochs per round on the adapters", positive()),
+    setting("fused-lr", float, 0.01, "local SGD learning rate of the adapters (the run's momentum)", positive()),
+)
+
+
+def check_settings(cfg) -> None:
+    """The adapted layers must exist in the run's model and be Linear / Conv2d (one-line error)."""
+    from strategies.fused.adapter import check_targets
+    from strategies.fused.maths import target_layers
+    from tasks.config import ConfigError
+
+    try:
+        check_targets(cfg.task.build_model(), target_layers(cfg.task.arch, cfg["fused-layers"]))
+    except ValueError as err:
+        raise ConfigError(f"{err} (task '{cfg['task']}')") from None

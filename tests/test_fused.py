@@ -72,6 +72,12 @@ def test_local_overwrite_trains_only_the_adapter_and_relabels_the_forgotten_clas
     after = model.state_dict()
     changed = {k for k in after if not torch.equal(after[k], before[k])}
     assert changed and all(k.startswith("plugins.0.") for k in changed)
+    # the same training without relabelling ends elsewhere: the labels of class 3 were changed
+    plain = task_for("digits-lenet5").build_model([_spec(["features.1", "head"])], seed=0)
+    plain.load_state_dict(before)
+    overwrite(plain, x, y, cfg=cfg, conf={"epochs": 2, "lr": 0.1, "relabel": False}, seed=5,
+              device=torch.device("cpu"))
+    assert any(not torch.equal(plain.state_dict()[k], after[k]) for k in changed)
 
 
 def test_relabel_moves_every_forgotten_label_to_another_class_and_keeps_the_rest():

@@ -53,6 +53,12 @@ def test_only_the_table_layers_get_lora_the_base_keeps_its_names_and_a_fresh_ada
         assert not torch.allclose(model(x), base(x))
 
 
+def test_moving_the_model_moves_the_layers_peft_runs():
+    """``model.to(...)`` (a client's device) reaches the base and the factors peft's forward uses."""
+    model = task_for("digits-lenet5").build_model([_spec(["features.1", "head"])]).to(torch.float64)
+    assert model(torch.rand(2, 1, 32, 32, dtype=torch.float64)).dtype == torch.float64
+
+
 def test_adapter_init_is_seeded():
     task = task_for("digits-lenet5")
     a = task.build_model([_spec(["head"], seed=3)]).state_dict()

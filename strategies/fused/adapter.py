@@ -47,7 +47,6 @@ class AdaptedLayer(nn.Module):
         for name, param in base.named_parameters(recurse=False):
             self.register_parameter(name, param)
         object.__setattr__(self, "wrapped", wrapped)
-        object.__setattr__(self, "base", base)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.wrapped(x)

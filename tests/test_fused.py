@@ -141,3 +141,6 @@ def test_layer_errors_are_one_line_and_name_the_setting():
     assert target_layers("lenet5", " features.4 , head") == ["features.4", "head"]
     with pytest.raises(ConfigError, match="fused-dropout"):
         parse_config({"method": "fused", "fused-dropout": 1.5})
+    with pytest.raises(ConfigError, match="'method'='fused' needs a task of kind vision") as err:
+        parse_config({"method": "fused", "task": "llm-tofu"})
+    assert "\n" not in str(err.value)

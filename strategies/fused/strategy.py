@@ -28,6 +28,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
 from strategies.common.fedavg_rounds import RoleFedAvg, run_rounds
+from strategies.common.federation import RunStopped
 from strategies.fused.adapter import ADAPTER_KIND
 from strategies.fused.maths import adapter_prefix, merge_adapter, remove_adapter, target_layers
 from tasks.plugins import specs_to_json
@@ -58,8 +59,10 @@ class FUSED(UnlearningMethod):
         targets = target_layers(cfg.task.arch, cfg["fused-layers"])
         spec = {"kind": ADAPTER_KIND, "targets": targets, "r": cfg["fused-rank"], "alpha": cfg["fused-alpha"],
                 "dropout": cfg["fused-dropout"], "seed": cfg["seed"]}
-        plugins = ctx.original.plugins + [spec]
-        index = len(plugins) - 1
+        if ctx.original.plugins:
+            raise RunStopped(f"phase 'unlearn': fused adds its adapter to a model without plug-ins, but the original "
+                             f"carries {len(ctx.original.plugins)} (scope 'plugins' would train them too)")
+        plugins, index = [spec], 0
         fresh = ctx.model_factory(plugins).state_dict()
         adapter = {k: v for k, v in fresh.items() if k.startswith(adapter_prefix(index))}
         start = {**ctx.original.arrays.to_torch_state_dict(), **adapter}

@@ -29,7 +29,6 @@ used as raw tensors by ``nn.MultiheadAttention``, so the ViT table adapts its ML
 from __future__ import annotations
 
 import torch
-from peft import LoraConfig, inject_adapter_in_model
 from torch import nn
 
 ADAPTER_KIND = "fused-lora"  # the plug-in kind this package registers
@@ -88,6 +87,8 @@ class FusedLoRA(nn.Module):
     ``attach(model)`` (called once by ``tasks.plugins.attach_plugins``) puts the adapters in place."""
 
     def __init__(self, targets: list[str], r: int, alpha: float, dropout: float, seed: int):
+        from peft import LoraConfig  # imported by the model builds that need it, not by config checks
+
         super().__init__()
         self.targets, self.seed = list(targets), seed
         self.config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none",
@@ -97,6 +98,8 @@ class FusedLoRA(nn.Module):
     def attach(self, model: nn.Module) -> None:
         if self.adapters:
             raise ValueError("this fused-lora plug-in is already attached to a model")
+        from peft import inject_adapter_in_model
+
         check_targets(model, self.targets)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)

@@ -20,12 +20,19 @@ SETTINGS: tuple[Setting, ...] = (
 
 
 def check_settings(cfg) -> None:
-    """The adapted layers must exist in the run's model and be Linear / Conv2d (one-line error)."""
+    """The adapted layers must exist in the run's model and be Linear / Conv2d (one-line error).
+
+    The model is built on the meta device (shapes, no weights): every ClientApp process parses the
+    run config, and a ResNet-34 with real weights takes seconds to build on a small CPU."""
+    import torch
+
     from strategies.fused.adapter import check_targets
     from strategies.fused.maths import target_layers
     from tasks.config import ConfigError
 
     try:
-        check_targets(cfg.task.build_model(), target_layers(cfg.task.arch, cfg["fused-layers"]))
+        with torch.device("meta"):
+            model = cfg.task.build_model()
+        check_targets(model, target_layers(cfg.task.arch, cfg["fused-layers"]))
     except ValueError as err:
         raise ConfigError(f"{err} (task '{cfg['task']}')") from None

@@ -11,7 +11,8 @@ from flwr.app import ArrayRecord
 from strategies.common.base import ModelState
 from strategies.fused.adapter import AdaptedLayer, check_targets
 from strategies.fused.client import overwrite
-from strategies.fused.maths import DEFAULT_LAYERS, merge_adapter, relabel_forgotten, remove_adapter, target_layers
+from strategies.fused.maths import (DEFAULT_LAYERS, critical_layers, layer_sensitivity, merge_adapter,
+                                    relabel_forgotten, remove_adapter, target_layers)
 from strategies.fused.strategy import FUSED
 from tasks.config import ConfigError, parse_config
 from tasks.registry import task_for
@@ -99,6 +100,22 @@ def test_relabel_moves_every_forgotten_label_to_another_class_and_keeps_the_rest
         relabel_forgotten(y, 10, 10, torch.Generator())
 
 
+def test_layer_sensitivity_is_the_data_weighted_manhattan_distance_and_picks_the_top_layers():
+    start = {"a.weight": torch.zeros(2, 2), "a.bias": torch.zeros(2), "b.weight": torch.zeros(3),
+             "c.weight": torch.zeros(1)}
+    one = {"a.weight": torch.ones(2, 2), "a.bias": torch.tensor([1.0, -1.0]), "b.weight": torch.zeros(3),
+           "c.weight": torch.tensor([-10.0])}
+    two = {"a.weight": torch.zeros(2, 2), "a.bias": torch.zeros(2), "b.weight": torch.tensor([3.0, 0.0, -3.0]),
+           "c.weight": torch.zeros(1)}
+    diff = layer_sensitivity(start, [one, two], [3, 1], ["a", "b", "c"])
+    assert diff == pytest.approx({"a": 0.75 * 6, "b": 0.25 * 6, "c": 0.75 * 10})
+    assert critical_layers(diff, 2) == ["a", "c"]  # the most sensitive, in model order
+    with pytest.raises(ValueError, match="fused-cli-layers'=4 .* must be in 1..3"):
+        critical_layers(diff, 4)
+    with pytest.raises(ValueError, match="no parameters"):
+        layer_sensitivity(start, [one], [1], ["d"])
+
+
 def test_merge_replaces_only_the_adapter_and_remove_restores_the_base():
     base = {"features.1.weight": torch.randn(3, 3), "head.bias": torch.randn(2)}
     old = {"plugins.0.adapters.head.lora_A.default.weight": torch.zeros(4, 2)}
@@ -141,6 +158,8 @@ def test_layer_errors_are_one_line_and_name_the_setting():
     assert target_layers("lenet5", " features.4 , head") == ["features.4", "head"]
     with pytest.raises(ConfigError, match="fused-dropout"):
         parse_config({"method": "fused", "fused-dropout": 1.5})
+    with pytest.raises(ConfigError, match="fused-cli-layers'=6 is not allowed: must be in 0..5"):
+        parse_config({"method": "fused", "fused-layers": "cli", "fused-cli-layers": 6})
     with pytest.raises(ConfigError, match="'method'='fused' needs a task of kind vision") as err:
         parse_config({"method": "fused", "task": "llm-tofu"})
     assert "\n" not in str(err.value)

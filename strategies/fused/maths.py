@@ -7,6 +7,7 @@
   ``fc``. This project's names for those layers are the table below. ResNet-34 (the paper runs
   ResNet-18 on CIFAR-100) takes the same places counted from the end of ``layer4``; the ViT (the
   paper: "the last several layers of the Transformer") its last two encoder layers' MLP and the head.
+- :func:`layer_sensitivity` / :func:`critical_layers`: that identification, for ``fused-layers='cli'``.
 - :func:`relabel_forgotten`: class unlearning overwrites the forgotten class — its samples are
   trained with a label drawn uniformly from the other classes (the public code's relabelling).
 - :func:`merge_adapter`: the server's rule after each FedAvg of the adapters: the frozen base and
@@ -30,13 +31,39 @@ DEFAULT_LAYERS: dict[str, tuple[str, ...]] = {
 
 def target_layers(arch: str, setting: str) -> list[str]:
     """The layers of ``arch`` that get adapters: ``auto`` = :data:`DEFAULT_LAYERS`, else the
-    comma-separated module names of ``fused-layers`` (checked against the model when it is built)."""
+    comma-separated module names of ``fused-layers`` (checked against the model when it is built);
+    ``cli`` is chosen by a round of identification instead (``strategies.fused.strategy``)."""
     if setting.strip() == "auto":
         if arch not in DEFAULT_LAYERS:
             raise ValueError(f"run-config 'fused-layers'='auto' has no table for model {arch!r}: "
                              f"name its layers (comma-separated module names)")
         return list(DEFAULT_LAYERS[arch])
     return [name.strip() for name in setting.split(",") if name.strip()]
+
+
+def layer_sensitivity(start: dict[str, torch.Tensor], client_states: list[dict[str, torch.Tensor]],
+                      weights: list[int], layers: list[str]) -> dict[str, float]:
+    """The paper's ``Diff_l``: per layer, the data-size-weighted mean over clients of the Manhattan
+    distance between the client's trained parameters of that layer and the distributed ones."""
+    if not client_states or len(client_states) != len(weights) or sum(weights) <= 0:
+        raise ValueError("layer sensitivity needs one state per client and a positive total weight")
+    total = float(sum(weights))
+    diff = {}
+    for layer in layers:
+        keys = [k for k in start if k.rpartition(".")[0] == layer]
+        if not keys:
+            raise ValueError(f"layer {layer!r} has no parameters in the distributed model")
+        diff[layer] = sum(w / total * sum(float((state[k].double() - start[k].double()).abs().sum()) for k in keys)
+                          for state, w in zip(client_states, weights))
+    return diff
+
+
+def critical_layers(sensitivity: dict[str, float], count: int) -> list[str]:
+    """The ``count`` most sensitive layers (the first ``K`` of the paper's list ``LS``), in model order."""
+    if not 1 <= count <= len(sensitivity):
+        raise ValueError(f"run-config 'fused-cli-layers'={count} is not allowed: must be in 1..{len(sensitivity)}")
+    ranked = sorted(sensitivity, key=lambda layer: -sensitivity[layer])[:count]
+    return [layer for layer in sensitivity if layer in ranked]
 
 
 def relabel_forgotten(y: torch.Tensor, forget_class: int, num_classes: int,

@@ -1,5 +1,9 @@
 """Plug-ins that sit between a ``SplitModel``'s extractor and head, described by JSON-able specs.
 
+A plug-in that also adapts layers inside the model (FUSED's LoRA adapter) has an ``attach(model)``
+method, called once after the plug-ins are built; it may change those layers' forward but must
+leave every base parameter under its own name.
+
 A spec is a dict such as ``{"kind": <a registered kind>, "seed": 0, ...}``. Server and clients build
 the same architecture from the same specs, so only tensors (never module code) cross the grid.
 """
@@ -27,6 +31,9 @@ def attach_plugins(model: SplitModel, specs: list[dict], seed: int = 0) -> Split
     torch.manual_seed(seed)
     model.plugins = nn.ModuleList(build_plugin(spec, model.feature_dim) for spec in specs)
     model.plugin_kinds = [str(spec.get("kind")) for spec in specs]
+    for plugin in model.plugins:
+        if hasattr(plugin, "attach"):
+            plugin.attach(model)
     return model
 
 

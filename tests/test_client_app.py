@@ -215,6 +215,10 @@ def test_malformed_data_path_is_a_one_line_error_naming_it(tmp_path, damage, mat
         (folder / "train.npz").write_bytes(b"garbage")
     if damage == "labels":
         np.savez(folder / "train.npz", x=np.zeros((40, 32, 32), np.uint8), y=np.full(40, 10))
+    _assert_hello_fails_in_one_line(folder, tmp_path, match)
+
+
+def _assert_hello_fails_in_one_line(folder, tmp_path, match):
     context = Context(run_id=1, node_id=7, state=RecordDict(), run_config={"scenario": "class"},
                       node_config={"data-path": str(folder), "partition-id": 0,
                                    "view-cache-dir": str(tmp_path / "views")})
@@ -268,12 +272,7 @@ def test_malformed_image_folder_is_a_one_line_error_naming_it(tmp_path, damage, 
     if damage == "empty":
         for image in (folder / "test").rglob("*.png"):
             image.unlink()
-    context = Context(run_id=1, node_id=7, state=RecordDict(), run_config={"scenario": "class"},
-                      node_config={"data-path": str(folder), "partition-id": 0,
-                                   "view-cache-dir": str(tmp_path / "views")})
-    with pytest.raises(ValueError, match=match) as error:
-        app(_message("query.hello"), context)
-    assert "\n" not in str(error.value)
+    _assert_hello_fails_in_one_line(folder, tmp_path, match)
 
 
 def test_data_path_needs_a_named_forget_client_for_client_requests(tmp_path):

@@ -44,6 +44,15 @@ class UnlearnContext:
     original_id: str = ""
     pretraining: dict = field(default_factory=dict)
 
+    def update_history(self, method: str) -> dict:
+        """Pretraining's kept rounds (``server_app.history``), or a one-line stop naming ``method``."""
+        from strategies.common.federation import RunStopped
+
+        rounds = self.pretraining.get("update-history")
+        if not rounds:
+            raise RunStopped(f"phase 'unlearn': {method} needs the update history of pretraining, and none was kept")
+        return rounds
+
 
 @dataclass
 class UnlearnResult:

@@ -30,7 +30,6 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
 from strategies.common.fedavg_rounds import RoleFedAvg, require_finite
-from strategies.common.federation import RunStopped
 from strategies.exactfun.maths import first_changed_round, quantised_mean, same_state
 from tasks.plugins import specs_to_json
 
@@ -57,9 +56,7 @@ class ExactFun(UnlearningMethod):
 
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         cfg, fed = ctx.cfg, ctx.fed
-        rounds = ctx.pretraining.get("update-history")
-        if not rounds:
-            raise RunStopped("phase 'unlearn': exact-fun needs the update history of pretraining, and none was kept")
+        rounds = ctx.update_history(self.name)
         leaving = {fed.client_id(n) for n in fed.nodes_with("n-forget")}
         final = ctx.original.arrays.to_torch_state_dict()
         changed = first_changed_round(rounds, final, leaving, cfg["exactfun-step"])

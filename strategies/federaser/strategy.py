@@ -25,7 +25,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
 from strategies.common.fedavg_rounds import require_finite
-from strategies.common.federation import RunStopped
 from strategies.federaser.maths import calibrate, mean_model
 
 
@@ -39,9 +38,7 @@ class FedEraser(UnlearningMethod):
 
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         cfg, fed = ctx.cfg, ctx.fed
-        rounds = ctx.pretraining.get("update-history")
-        if not rounds:
-            raise RunStopped("phase 'unlearn': federaser needs the update history of pretraining, and none was kept")
+        rounds = ctx.update_history(self.name)
         leaving = {fed.client_id(n) for n in fed.nodes_with("n-forget")}
         node_of = {fed.client_id(n): n for n in fed.all_nodes()}
         epochs = math.ceil(cfg["federaser-epoch-ratio"] * cfg["local-epochs"])

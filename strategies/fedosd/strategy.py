@@ -48,13 +48,12 @@ class FedOSD(UnlearningMethod):
         state = ctx.original.arrays.to_torch_state_dict()
         keys = [name for name, _ in ctx.model_factory(ctx.original.plugins).named_parameters()]
         start = flatten(state, keys)
-        weights = start.clone()
+        weights, arrays = start.clone(), ctx.original.arrays
         unlearn_rounds, recovery_rounds = cfg["fedosd-unlearn-rounds"], cfg["fedosd-recovery-rounds"]
         norms = []
         for k in range(unlearn_rounds + recovery_rounds):
             unlearning = k < unlearn_rounds
             lr = (cfg["fedosd-lr"] if unlearning else cfg["fedosd-recovery-lr"]) * cfg["fedosd-lr-decay"] ** k
-            arrays = ArrayRecord({**state, **unflatten(weights, state, keys)})
             roles = {**{n: "retain" for n in retained}, **({n: "forget" for n in forget} if unlearning else {})}
             grads = self._gradients(fed, arrays, roles, lr, k + 1, keys)
             if unlearning:
@@ -65,18 +64,17 @@ class FedOSD(UnlearningMethod):
                 moved = weights - start
                 step = torch.stack([without_component(g, moved) for g in grads.values()]).mean(0)
             weights = weights - lr * step
+            previous, arrays = arrays, ArrayRecord({**state, **unflatten(weights, state, keys)})
+            require_finite(arrays, phase=fed.phase, round_no=k + 1, method=self.name, last_finite=previous)
             fed.cost(fed.phase).rounds += 1
-            log.info("[fedosd %s] round %d/%d  lr %.3g  step norm %.4g  distance to start %.4g",
+            log.info("[fedosd %s] round %d/%d  lr %.3g  direction norm %.4g  distance to start %.4g",
                      "unlearning" if unlearning else "post-training", k + 1, unlearn_rounds + recovery_rounds, lr,
                      float(torch.linalg.vector_norm(step)), float(torch.linalg.vector_norm(weights - start)))
-            require_finite(ArrayRecord({**state, **unflatten(weights, state, keys)}), phase=fed.phase,
-                           round_no=k + 1, method=self.name, last_finite=arrays)
-        final = ArrayRecord({**state, **unflatten(weights, state, keys)})
         details = {"unlearn_rounds": unlearn_rounds, "recovery_rounds": recovery_rounds,
                    "forget_gradient_norm_first": norms[0] if norms else None,
                    "forget_gradient_norm_last": norms[-1] if norms else None,
                    "distance_to_start": float(torch.linalg.vector_norm(weights - start))}
-        return UnlearnResult(ModelState(final, ctx.original.plugins), details)
+        return UnlearnResult(ModelState(arrays, ctx.original.plugins), details)
 
     @staticmethod
     def _gradients(fed, arrays: ArrayRecord, roles: dict[int, str], lr: float, round_no: int,

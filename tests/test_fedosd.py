@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
+from flwr.app import ArrayRecord
+from flwr.supercore.task_identity import TaskIdentity
 
+from strategies.common.base import ModelState, UnlearnContext
+from strategies.common.federation import PhaseCost
 from strategies.fedosd.client import fedosd_query
 from strategies.fedosd.maths import (flatten, orthogonal_direction, unflatten, unlearning_cross_entropy,
                                      without_component)
+from strategies.fedosd.strategy import FedOSD
 from tasks.config import ConfigError, parse_config
 from tasks.registry import task_for
 from tasks.requests import build_client_data
@@ -91,3 +97,48 @@ def test_fedosd_runs_in_the_client_scenario_only():
         parse_config({"method": "fedosd", "scenario": "class"})
     with pytest.raises(ConfigError, match="'fedosd-lr-decay'"):
         parse_config({"method": "fedosd", "scenario": "client", "fedosd-lr-decay": 1.5})
+
+
+class _FixedGradients:
+    """A stand-in for the federation: node 0 leaves, nodes 1 and 2 stay; every node answers
+    ``query.fedosd`` with a fixed gradient, and what was asked is recorded."""
+
+    phase = "unlearn"
+
+    def __init__(self, gradients: dict[int, torch.Tensor]):
+        self.gradients, self.asked = gradients, []
+        self.counts = {0: {"n-forget": 5}, 1: {"n-retain": 5}, 2: {"n-retain": 5}}
+        self.spent = PhaseCost()
+
+    def nodes_with(self, key):
+        return [n for n, counts in self.counts.items() if counts.get(key, 0) > 0]
+
+    def exchange(self, messages, *, round_no):
+        self.asked.append({m.metadata.dst_node_id: m.content["config"]["role"] for m in messages})
+        return [SimpleNamespace(metadata=SimpleNamespace(src_node_id=m.metadata.dst_node_id),
+                                content={"gradient": ArrayRecord({"weight": self.gradients[m.metadata.dst_node_id]})})
+                for m in messages]
+
+    def cost(self, phase):
+        return self.spent
+
+
+def test_server_steps_orthogonally_then_post_trains_without_the_movement(monkeypatch):
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):  # as the in-process grid
+        monkeypatch.setattr(TaskIdentity, name, value)
+    model = torch.nn.Linear(3, 1, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+    g_forget, g_one, g_two = torch.tensor([[1.0, 1.0, 1.0]]), torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0.0, 2.0, 0.0]])
+    fed = _FixedGradients({0: g_forget, 1: g_one, 2: g_two})
+    cfg = parse_config({"method": "fedosd", "scenario": "client", "fedosd-unlearn-rounds": 1, "fedosd-recovery-rounds": 1,
+                        "fedosd-lr": 0.5, "fedosd-recovery-lr": 0.1, "fedosd-lr-decay": 1.0})
+    ctx = UnlearnContext(fed, cfg, ModelState(ArrayRecord(model.state_dict())), lambda plugins: model, lambda: None)
+    result = FedOSD().unlearn(ctx)
+    assert fed.asked == [{1: "retain", 2: "retain", 0: "forget"}, {1: "retain", 2: "retain"}]
+    # round 1: g_u = (1, 1, 1) loses its parts along both retained gradients -> (0, 0, 1), rescaled to sqrt(3)
+    after_unlearning = -0.5 * torch.tensor([0.0, 0.0, math.sqrt(3)])
+    # round 2: each retained gradient is already orthogonal to w - w_start = (0, 0, -); their mean is (0.5, 1, 0)
+    expected = after_unlearning - 0.1 * torch.tensor([0.5, 1.0, 0.0])
+    assert torch.allclose(result.model.arrays.to_torch_state_dict()["weight"].view(-1), expected, atol=1e-6)
+    assert fed.spent.rounds == 2 and result.details["forget_gradient_norm_first"] == pytest.approx(math.sqrt(3))

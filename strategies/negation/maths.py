@@ -40,16 +40,15 @@ def parameter_keys(model: nn.Module, spec: str) -> list[str]:
     if not names:
         raise ValueError("run-config 'not-layers' is empty: name at least one layer, or 'first'")
     modules = dict(model.named_modules())
-    chosen = []
+    chosen: set[str] = set()
     for name in names:
         name = first_layer(model) if name == FIRST else name
         if name not in modules or not any(True for _ in modules[name].parameters()):
             sample = ", ".join(layer_names(model)[:6])
             raise ValueError(f"run-config 'not-layers' names {name!r}, which is not a layer with parameters of "
                              f"this model: must be 'first' or module names such as {sample}")
-        chosen += [f"{name}.{key}" if name else key for key, _ in modules[name].named_parameters()]
-    order = [key for key, _ in model.named_parameters()]
-    return [key for key in order if key in set(chosen)]
+        chosen.update(f"{name}.{key}" for key, _ in modules[name].named_parameters())
+    return [key for key, _ in model.named_parameters() if key in chosen]
 
 
 def negate(state: dict[str, torch.Tensor], keys: list[str]) -> dict[str, torch.Tensor]:
@@ -57,4 +56,5 @@ def negate(state: dict[str, torch.Tensor], keys: list[str]) -> dict[str, torch.T
     missing = [key for key in keys if key not in state]
     if missing:
         raise ValueError(f"tensor {missing[0]!r} is not in the model state")
-    return {key: (-value if key in keys else value).clone() for key, value in state.items()}
+    flipped = set(keys)
+    return {key: (-value if key in flipped else value).clone() for key, value in state.items()}

@@ -1,0 +1,17 @@
+"""NoT's run-config keys (``not-*``). "NoT: Federated Unlearning via Weight Negation" negates the first
+layer by default; the number of refinement rounds is this app's choice (``docs/not.md``)."""
+
+from __future__ import annotations
+
+from tasks.config import Setting, at_least, setting
+
+SETTINGS: tuple[Setting, ...] = (
+    setting("not-layers", str, "first",
+            "comma-separated module names of the model whose parameters (weight and bias) are negated, e.g. "
+            "'features.1,features.4'; 'first' = the model's first Conv2d/Linear layer (LeNet-5 and the ResNets: "
+            "features.1, ViT: features.patch_embed)",
+            ((lambda v: any(part.strip() for part in v.split(","))),
+             "'first' or module names of the task's model (checked against it)")),
+    setting("not-rounds", int, 10, "FedAvg refinement rounds on the retained data after the negation (0 = none)",
+            at_least(0)),
+)

@@ -2,7 +2,7 @@
 
 A task is a dataset with its model and its metrics: the five vision tasks
 (``tasks.vision.task.VisionTask``) and the TOFU-style LLM task (``tasks.llm.task.LLMTask``)
-implement it, and ``tasks.registry`` lists them. No handler, phase or registry asks which kind of
+implement it, and so do the text tasks (``tasks.text.task.TextTask``); ``tasks.registry`` lists them. No handler, phase or registry asks which kind of
 task it runs: they call these methods. ``kind`` exists only so that a method can declare the kinds
 it supports (``strategies.registry.MethodSpec.task_kinds``) and settings are shared by kind
 (``tasks.registry.KIND_SETTINGS``).
@@ -39,6 +39,9 @@ class Task:
     scenarios: tuple[str, ...] = SCENARIOS
     #: what ``smoke=true`` sets for this task
     smoke: dict[str, Any] = {}
+    #: general settings this task runs with where the user left them at their default (a method's
+    #: presets for the task win over these)
+    presets: dict[str, Any] = {}
     #: the run-config key that points at this task's files (named in data errors)
     data_key: str = "data-dir"
 

@@ -25,7 +25,7 @@ METHODS = (
         paper="Lethe: Principled Dual-Stream Update for Persistent Knowledge Erasure in Federated Unlearning "
               "(`docs/lethe.md`)",
         settings=SETTINGS,
-        task_kinds=("vision", "llm"),
+        task_kinds=("vision", "llm", "text"),
         objectives={"adapter-ascent": "strategies.lethe.client:adapter_ascent"},
         plugins={"lethe-adapter": "strategies.lethe.adapter:build_plugin"},
         presets={"llm": LLM_PRESET},

@@ -13,7 +13,7 @@ dicts of numbers and tensors; ``client_app`` and ``server_app`` wrap them into F
 Objectives (the ``objective`` of a ``train`` message) other than the task's own ``ce`` are
 functions registered by methods; their signature is the task kind's:
 
-- vision: ``objective(model, x, y, *, cfg, conf, seed, device) -> float`` (it trains ``model``);
+- vision and text: ``objective(model, x, y, *, cfg, conf, seed, device) -> float`` (it trains ``model``);
 - llm: ``objective(model, tokenizer, records, *, cfg, conf, seed, epochs, lr) -> float``.
 
 Client queries registered by methods are called as ``query(task, cfg, data, model, conf, seed)`` and

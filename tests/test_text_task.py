@@ -90,7 +90,7 @@ def test_bad_text_settings_are_one_line_errors_before_training(tmp_path):
     with pytest.raises(ValueError, match="text-encoder.*does not exist"):
         cfg.task.check_setup(cfg, 3)
     cfg = parse_config({"task": "agnews-bert", "text-encoder": "no-such-org/no-such-encoder"})
-    with pytest.raises(ValueError, match="'text-encoder'='no-such-org/no-such-encoder' could not be loaded") as error:
+    with pytest.raises(ValueError, match="'no-such-org/no-such-encoder' could not be loaded") as error:
         cfg.task.check_setup(cfg, 3)  # a Hub name absent from the local cache: nothing is downloaded
     assert "\n" not in str(error.value)
     for bad, key in (({"text-trigger": "  "}, "text-trigger"), ({"text-train-layers": 7}, "text-train-layers")):

@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install "torch==2.14.1" "torchvision==0.29.1"
-python -m pip install -e ".[llm,test]"
+python -m pip install -e ".[llm,text,test]"

@@ -58,8 +58,8 @@ class Experiment:
             if problem:
                 raise ConfigError(f"run-config '{key}': {problem}; it must be a writable folder")
         if self.cfg.presets:
-            self.say("presets of method '%s' on task '%s'%s: %s" % (
-                self.cfg["method"], self.cfg["task"], " (smoke run)" if self.cfg["smoke"] else "",
+            self.say("presets of task '%s' and method '%s'%s: %s" % (
+                self.cfg["task"], self.cfg["method"], " (smoke run)" if self.cfg["smoke"] else "",
                 ", ".join(f"{k}={v!r}" for k, v in self.cfg.presets.items())))
         unused = inapplicable_settings(self.cfg)
         if unused:

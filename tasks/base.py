@@ -1,9 +1,9 @@
 """The Task interface: everything the phases and the client handlers need from a task.
 
 A task is a dataset with its model and its metrics: the five vision tasks
-(``tasks.vision.task.VisionTask``) and the TOFU-style LLM task (``tasks.llm.task.LLMTask``)
-implement it, and ``tasks.registry`` lists them. No handler, phase or registry asks which kind of
-task it runs: they call these methods. ``kind`` exists only so that a method can declare the kinds
+(``tasks.vision.task.VisionTask``), the TOFU-style LLM task (``tasks.llm.task.LLMTask``) and the
+two text tasks (``tasks.text.task.TextTask``) implement it, and ``tasks.registry`` lists them. No
+handler, phase or registry asks which kind of task it runs: they call these methods. ``kind`` exists only so that a method can declare the kinds
 it supports (``strategies.registry.MethodSpec.task_kinds``) and settings are shared by kind
 (``tasks.registry.KIND_SETTINGS``).
 
@@ -13,7 +13,7 @@ dicts of numbers and tensors; ``client_app`` and ``server_app`` wrap them into F
 Objectives (the ``objective`` of a ``train`` message) other than the task's own ``ce`` are
 functions registered by methods; their signature is the task kind's:
 
-- vision: ``objective(model, x, y, *, cfg, conf, seed, device) -> float`` (it trains ``model``);
+- vision and text: ``objective(model, x, y, *, cfg, conf, seed, device) -> float`` (it trains ``model``);
 - llm: ``objective(model, tokenizer, records, *, cfg, conf, seed, epochs, lr) -> float``.
 
 Client queries registered by methods are called as ``query(task, cfg, data, model, conf, seed)`` and
@@ -39,6 +39,9 @@ class Task:
     scenarios: tuple[str, ...] = SCENARIOS
     #: what ``smoke=true`` sets for this task
     smoke: dict[str, Any] = {}
+    #: general settings this task runs with where the user left them at their default (a method's
+    #: presets for the task win over these)
+    presets: dict[str, Any] = {}
     #: the run-config key that points at this task's files (named in data errors)
     data_key: str = "data-dir"
 

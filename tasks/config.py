@@ -12,8 +12,8 @@ package under ``strategies/``). :func:`all_settings` joins them; the README's ke
 pyproject's defaults are checked against it by the tests, so they never drift apart.
 
 Presets. Where a method's good settings differ by task, its registration says so
-(``MethodSpec.presets``), and ``smoke=true`` shrinks every phase to a few steps
-(``MethodSpec.smoke``, ``Task.smoke`` and :data:`SMOKE`). A preset fills a key the user left at its
+(``MethodSpec.presets``; a task's own, ``Task.presets``, rank below them), and ``smoke=true``
+shrinks every phase to a few steps (``MethodSpec.smoke``, ``Task.smoke`` and :data:`SMOKE`). A preset fills a key the user left at its
 global default; a key given any other value wins. (Flower passes every pyproject key to the app,
 so "left at its default" is the only sign of "not given" that survives; giving a key exactly its
 global default therefore does not override a preset; ``presets=false`` turns a method's presets off.)
@@ -270,12 +270,15 @@ def _valid(setting: Setting, raw: Any) -> Any:
 
 
 def _presets(values: dict[str, Any]) -> dict[str, Any]:
-    """The preset values for this task and method (and the smoke settings when ``smoke`` is on)."""
+    """The preset values for this task (``Task.presets``) and method, and the smoke settings when
+    ``smoke`` is on."""
     from strategies.registry import method_spec
     from tasks.registry import task_for
 
     task, spec = task_for(values["task"]), method_spec(values["method"])
-    presets = dict(spec.presets.get(task.name, spec.presets.get(task.kind, {}))) if values["presets"] else {}
+    presets = {}
+    if values["presets"]:
+        presets = {**task.presets, **spec.presets.get(task.name, spec.presets.get(task.kind, {}))}
     if values["smoke"]:
         presets.update({**SMOKE, **task.smoke, **spec.smoke})
     return presets

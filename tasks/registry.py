@@ -1,8 +1,8 @@
 """Task name -> :class:`tasks.base.Task`. A new task is one entry here (its code in its own package).
 
-Vision tasks are light objects; the LLM task's module is imported only when a run uses it (a
-vision ClientApp process never loads transformers). Settings are shared by every task of a kind
-(:func:`task_kinds`), so the LLM task kind's settings module is imported by the config, not the task.
+Vision tasks are light objects; the LLM and text tasks' modules are imported only when a run uses
+them (a vision ClientApp process never loads transformers). Settings are shared by every task of a
+kind (:func:`task_kinds`), so a kind's settings module is imported by the config, not the task.
 """
 
 from __future__ import annotations
@@ -24,8 +24,11 @@ VISION_TASKS = {task.name: task for task in (
 )}
 
 # task name -> "module:attr" of a Task instance imported on first use; kind -> its settings
-LAZY_TASKS = {"llm-tofu": ("llm", "tasks.llm.task:LLM_TOFU")}
-KIND_SETTINGS = {"vision": None, "llm": "tasks.llm.settings:LLM_SETTINGS"}
+LAZY_TASKS = {"llm-tofu": ("llm", "tasks.llm.task:LLM_TOFU"),
+              "text-minilm": ("text", "tasks.text.task:TEXT_MINILM"),
+              "agnews-bert": ("text", "tasks.text.task:AGNEWS_BERT")}
+KIND_SETTINGS = {"vision": None, "llm": "tasks.llm.settings:LLM_SETTINGS",
+                 "text": "tasks.text.settings:TEXT_SETTINGS"}
 
 
 def task_names() -> tuple[str, ...]:

@@ -26,6 +26,7 @@ poison is drowned by the others and leaves nothing measurable to unlearn.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -118,10 +119,17 @@ def build_client_data(cfg: Config, images, partition_id: int, num_partitions: in
 
 
 def apply_request(cfg: Config, partition_id: int, forget_client: int, train: tuple[torch.Tensor, torch.Tensor],
-                  test: tuple[torch.Tensor, torch.Tensor], num_classes: int) -> ClientData:
+                  test: tuple[torch.Tensor, torch.Tensor], num_classes: int,
+                  trigger: Callable[[torch.Tensor], torch.Tensor] | None = None) -> ClientData:
     """Apply the run's request to one client's own (training, local test) data: client
-    ``partition_id``, with ``forget_client`` the client the client/sample scenario selects."""
-    from tasks.vision.triggers import apply_trigger
+    ``partition_id``, with ``forget_client`` the client the client/sample scenario selects.
+    ``trigger(x)`` plants the backdoor in samples ``x``; default: the vision trigger square of
+    ``trigger-size`` (a text task appends its trigger phrase)."""
+    if trigger is None:
+        from tasks.vision.triggers import apply_trigger
+
+        def trigger(samples: torch.Tensor) -> torch.Tensor:
+            return apply_trigger(samples, cfg["trigger-size"])
 
     (x, y), (tx, ty) = train, test
     target = cfg["backdoor-target"]
@@ -140,7 +148,7 @@ def apply_request(cfg: Config, partition_id: int, forget_client: int, train: tup
         if cfg["poison"] == "label-flip":
             fx, fy = x, (y + 1) % num_classes
         else:
-            fx, fy = apply_trigger(x, cfg["trigger-size"]), torch.full_like(y, target)
+            fx, fy = trigger(x), torch.full_like(y, target)
             pretrain_only = (x, y)
     elif partition_id == forget_client and scenario == "sample":
         candidates = np.flatnonzero((y != target).numpy())
@@ -148,11 +156,11 @@ def apply_request(cfg: Config, partition_id: int, forget_client: int, train: tup
         chosen = np.random.default_rng(cfg["seed"] + 7919 * (partition_id + 1)).choice(
             candidates, size=n_forget, replace=False)
         forget_mask[torch.as_tensor(chosen)] = True
-        fx, fy = apply_trigger(x[forget_mask], cfg["trigger-size"]), torch.full((n_forget,), target)
+        fx, fy = trigger(x[forget_mask]), torch.full((n_forget,), target)
 
     non_target = ty != target
     if uses_trigger(cfg):
-        trig_x, trig_y = apply_trigger(tx[non_target], cfg["trigger-size"]), ty[non_target]
+        trig_x, trig_y = trigger(tx[non_target]), ty[non_target]
     else:
         trig_x, trig_y = tx[:0], ty[:0]
     return ClientData(

@@ -21,8 +21,8 @@ from server_app.inprocess import run_inprocess
 from strategies.registry import all_methods
 from tasks.registry import task_for
 
-TASK_OF_KIND = {"vision": "digits-lenet5", "llm": "llm-tofu"}
-CLIENTS = {"vision": 3, "llm": 4}
+TASK_OF_KIND = {"vision": "digits-lenet5", "llm": "llm-tofu", "text": "text-minilm"}
+CLIENTS = {"vision": 3, "llm": 4, "text": 3}
 LLM_TINY = {"llm-num-authors": 8, "llm-qa-per-author": 3, "llm-forget-fraction": 0.25, "llm-batch-size": 8,
             "llm-lora-rank": 4}
 CORE = ("retain_acc", "forget_acc", "test_acc", "mia")
@@ -34,7 +34,7 @@ def _cells():
             task = task_for(TASK_OF_KIND[kind])
             for scenario in spec.scenarios:
                 if scenario in task.scenarios:
-                    marks = [pytest.mark.slow] if kind == "llm" else []
+                    marks = [pytest.mark.slow] if kind in ("llm", "text") else []
                     yield pytest.param(spec, kind, scenario, id=f"{spec.name}-{task.name}-{scenario}", marks=marks)
 
 

@@ -17,7 +17,7 @@ METHODS = (
         "strategies.fedup.strategy:FedUP",
         paper="FedUP: One-Shot Federated Unlearning via Centroid-Guided Plug-in Filters (`docs/fedup.md`)",
         settings=SETTINGS,
-        task_kinds=("vision",),
+        task_kinds=("vision", "text"),
         reversible=True,
         queries={"centroids": "strategies.fedup.client:centroid_query"},
         plugins={"fedup-filter": "strategies.fedup.filter:build_plugin"},

@@ -2,8 +2,9 @@
 
 Amplify (a temporary adapter trained by gradient ascent on forget data: ``adapter.py`` and the
 client objective ``adapter-ascent`` in ``client.py``) -> layer-wise dual-stream rectification of
-the backbone (``maths.py``, driven by ``strategy.py``) -> restore rounds. Runs on the vision tasks
-and, without the adapter, on the LLM task (its measured settings are the ``llm`` preset).
+the backbone (``maths.py``, driven by ``strategy.py``) -> restore rounds. Runs on the vision and text
+tasks (the adapter on the pooled sentence representation) and, without the adapter, on the LLM task
+(its measured settings are the ``llm`` preset).
 """
 
 from strategies.lethe.settings import SETTINGS, check_settings
@@ -25,7 +26,7 @@ METHODS = (
         paper="Lethe: Principled Dual-Stream Update for Persistent Knowledge Erasure in Federated Unlearning "
               "(`docs/lethe.md`)",
         settings=SETTINGS,
-        task_kinds=("vision", "llm"),
+        task_kinds=("vision", "llm", "text"),
         objectives={"adapter-ascent": "strategies.lethe.client:adapter_ascent"},
         plugins={"lethe-adapter": "strategies.lethe.adapter:build_plugin"},
         presets={"llm": LLM_PRESET},

@@ -17,7 +17,7 @@ METHODS = (
         "strategies.exactfun.strategy:ExactFun",
         paper="Exact-Fun: an exact and efficient federated unlearning approach (Xiong et al.; `docs/exact-fun.md`)",
         settings=SETTINGS,
-        task_kinds=("vision",),
+        task_kinds=("vision", "text"),
         scenarios=("client",),
         needs=("update-history",),
         smoke={"exactfun-verify": True},

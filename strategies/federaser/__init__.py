@@ -18,7 +18,7 @@ METHODS = (
         paper="FedEraser: Enabling Efficient Client-Level Data Removal from Federated Learning Models "
               "(Liu et al.; `docs/federaser.md`)",
         settings=SETTINGS,
-        task_kinds=("vision",),
+        task_kinds=("vision", "text"),
         scenarios=("client",),
         needs=("update-history",),
         smoke={"federaser-interval": 1},

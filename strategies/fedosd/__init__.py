@@ -19,7 +19,7 @@ METHODS = (
         "strategies.fedosd.strategy:FedOSD",
         paper="Federated Unlearning with Gradient Descent and Conflict Mitigation (Pan et al.; `docs/fedosd.md`)",
         settings=SETTINGS,
-        task_kinds=("vision",),
+        task_kinds=("vision", "text"),
         scenarios=("client",),
         queries={"fedosd": "strategies.fedosd.client:fedosd_query"},
         smoke={"fedosd-unlearn-rounds": 1, "fedosd-recovery-rounds": 1},

@@ -307,6 +307,7 @@ def plot_curves(rows: list[dict], path: str) -> None:
 
     groups = _group([r for r in rows if r["status"] == "ok"])
     panels = list(dict.fromkeys((t, s) for t, s, _ in groups))
+    colours = {m: plt.get_cmap("tab20")(i % 20) for i, m in enumerate(_order(rows, "method"))}  # one per method
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)), 3.4), squeeze=False)
     for ax, (task, scenario) in zip(axes[0], panels):
         for (t, s, method), group in groups.items():
@@ -316,7 +317,7 @@ def plot_curves(rows: list[dict], path: str) -> None:
             length = min((len(c) for c in curves), default=0)
             if length:
                 mean = [statistics.mean(c[i] for c in curves) for i in range(length)]
-                ax.plot(range(length), mean, marker=".", label=method)
+                ax.plot(range(length), mean, marker=".", label=method, color=colours[method])
         ax.set_title(f"{task} / {scenario}", fontsize=9)
         ax.set_xlabel("continued round (0 = after unlearning)")
         ax.set_ylabel("forget accuracy (KR)")

@@ -101,8 +101,11 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
                after_round: Callable[[int, ArrayRecord], None] | None = None,
                last_round_config: dict | None = None,
                on_replies: Callable[[int, ArrayRecord, list[Message]], None] | None = None,
-               aggregate: Callable[[list[Message]], ArrayRecord] | None = None) -> ArrayRecord:
-    """``rounds`` rounds of configure -> exchange -> aggregate; logs progress with an ETA.
+               aggregate: Callable[[list[Message]], ArrayRecord] | None = None,
+               first_round: int = 1) -> ArrayRecord:
+    """``rounds`` rounds of configure -> exchange -> aggregate, numbered from ``first_round`` (a
+    method that replays pretraining's later rounds keeps their numbers, hence their seeds); logs
+    progress with an ETA.
 
     Each aggregated model must be finite (:func:`require_finite`, ``method`` names the run's
     method in the error). ``after_round(r, arrays)`` runs after each round (used to measure
@@ -114,9 +117,10 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
     """
     started = time.perf_counter()
     cost = fed.cost(fed.phase)
-    for server_round in range(1, rounds + 1):
+    last = first_round + rounds - 1
+    for server_round in range(first_round, last + 1):
         round_config = ConfigRecord({**dict(config), **(last_round_config or {})}) \
-            if server_round == rounds and last_round_config else config
+            if server_round == last and last_round_config else config
         messages = list(strategy.configure_train(server_round, arrays, round_config, fed.grid))
         replies = fed.exchange(messages, round_no=server_round)
         if on_replies is not None:
@@ -134,6 +138,7 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
             after_round(server_round, arrays)
         elapsed = time.perf_counter() - started
         loss = float(metrics["loss"]) if metrics and "loss" in metrics else float("nan")
-        log.info("[%s] round %d/%d  loss %.4f  elapsed %.1fs  eta %.1fs", label, server_round, rounds,
-                 loss, elapsed, elapsed / server_round * (rounds - server_round))
+        done = server_round - first_round + 1
+        log.info("[%s] round %d/%d  loss %.4f  elapsed %.1fs  eta %.1fs", label, server_round, last,
+                 loss, elapsed, elapsed / done * (rounds - done))
     return arrays

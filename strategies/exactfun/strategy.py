@@ -29,7 +29,7 @@ import time
 from flwr.app import ArrayRecord, ConfigRecord
 
 from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
-from strategies.common.fedavg_rounds import RoleFedAvg, require_finite
+from strategies.common.fedavg_rounds import RoleFedAvg, run_rounds
 from strategies.exactfun.maths import first_changed_round, quantised_mean, same_state
 from tasks.plugins import specs_to_json
 
@@ -66,31 +66,26 @@ class ExactFun(UnlearningMethod):
         else:
             first, candidate = changed
             recomputed = [t for t in order if t > first]
-            state = self.train_rounds(ctx, candidate, recomputed)
+            state = self.train_rounds(ctx, candidate, first + 1, order[-1])
         details = {"leaving_clients": sorted(leaving), "first_changed_round": changed[0] if changed else None,
                    "recomputed_rounds": len(recomputed), "rounds_reused": len(order) - len(recomputed) - bool(changed),
                    "history_bytes": ctx.pretraining.get("history_bytes")}
         if cfg["exactfun-verify"]:
             previous, started = fed.phase, time.perf_counter()
             verify = fed.start_phase("verify")
-            retrained = self.train_rounds(ctx, rounds[order[0]]["global"], order)
+            retrained = self.train_rounds(ctx, rounds[order[0]]["global"], order[0], order[-1])
             verify.seconds += time.perf_counter() - started
             fed.start_phase(previous)
             details["equals_quantised_retrain"] = same_state(state, retrained)
         return UnlearnResult(ModelState(ArrayRecord(state)), details)
 
-    def train_rounds(self, ctx: UnlearnContext, state: dict, round_numbers: list[int]) -> dict:
-        """Quantised FedAvg rounds ``round_numbers`` on the retained clients from ``state``, each with
-        pretraining's round number, seed and local settings."""
-        cfg, fed = ctx.cfg, ctx.fed
-        strategy = RoleFedAvg(fed, "retain", fraction_train=cfg["fraction-train"], seed=cfg["seed"])
+    def train_rounds(self, ctx: UnlearnContext, state: dict, first: int, last: int) -> dict:
+        """Quantised FedAvg rounds ``first``..``last`` on the retained clients from ``state``, each with
+        pretraining's round number, seed and local settings (none when ``first > last``)."""
+        cfg = ctx.cfg
+        strategy = RoleFedAvg(ctx.fed, "retain", fraction_train=cfg["fraction-train"], seed=cfg["seed"])
         config = ConfigRecord({"epochs": cfg["local-epochs"], "lr": cfg["lr"], "plugins": specs_to_json([])})
-        aggregate = self.pretraining_aggregate(cfg)
-        cost = fed.cost(fed.phase)
-        for t in round_numbers:
-            messages = list(strategy.configure_train(t, ArrayRecord(state), config, fed.grid))
-            arrays = aggregate(fed.exchange(messages, round_no=t))
-            require_finite(arrays, phase=fed.phase, round_no=t, method=self.name)
-            state = arrays.to_torch_state_dict()
-            cost.rounds += 1
-        return state
+        arrays = run_rounds(ctx.fed, strategy, ArrayRecord(state), rounds=max(0, last - first + 1), config=config,
+                            label=f"{self.name} rounds {first}-{last}", method=self.name,
+                            aggregate=self.pretraining_aggregate(cfg), first_round=first)
+        return arrays.to_torch_state_dict()

@@ -43,11 +43,15 @@ app = ClientApp()
 
 def _content_id(data) -> int:
     """A node's own files (``data-path``) as one integer: the first 60 bits of the SHA-256 of its
-    training and test arrays. The server cannot read those files, so it keys its model cache by
-    this (a metric record holds numbers, not strings)."""
+    training and test arrays (a view without tensors, the LLM task's, gives its ``content_bytes()``).
+    The server cannot read those files, so it keys its model cache by this (a metric record holds
+    numbers, not strings)."""
     digest = hashlib.sha256()
-    for tensor in (*data.split("all"), data.test_x, data.test_y):
-        digest.update(tensor.contiguous().numpy().tobytes())
+    if hasattr(data, "content_bytes"):
+        digest.update(data.content_bytes())
+    else:
+        for tensor in (*data.split("all"), data.test_x, data.test_y):
+            digest.update(tensor.contiguous().numpy().tobytes())
     return int(digest.hexdigest()[:15], 16)
 
 

@@ -2,7 +2,7 @@
 
 A node's data is either a partition of the shared pool (node config ``partition-id`` and
 ``num-partitions``) or its own files (node config ``data-path``, with ``partition-id`` as its client
-id; format in ``tasks.node_data``). The view is built once per node and kept on disk
+id; format in ``tasks.node_data``, for the LLM task ``tasks.llm.node_data``). The view is built once per node and kept on disk
 (``client_app.view_cache``: the Deployment Engine starts a fresh process for every message) and in
 memory (Ray keeps a simulated client's process alive across rounds).
 """

@@ -378,7 +378,9 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=3, help="number of SuperNodes")
     parser.add_argument("--run-config", default="", help="overrides, as for flwr run --run-config")
     parser.add_argument("--data-root", type=Path,
-                        help="node i reads its own data from DATA_ROOT/i (data-path; format in tasks/node_data.py)")
+                        help="node i reads its own data from DATA_ROOT/i (data-path; vision: train.npz/test.npz or "
+                             "image folders, tasks/node_data.py; llm-tofu: TOFU-format full.json ..., "
+                             "tasks/llm/node_data.py)")
     parser.add_argument("--workdir", type=Path, help="keep certificates, keys and logs here (default: a temporary folder, removed)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take")
     parser.add_argument("--stop-local-superlink", action="store_true",

@@ -4,7 +4,9 @@ Each node id is one client (``partition-id`` = its index); ``send_and_receive`` 
 with that node's ``Context``, one client after the other. Everything else — the phases, the
 strategies, the handlers — is the production code path; only Ray and the SuperLink are skipped.
 Tests and benchmark scripts use it (clients run sequentially, so wall times add up over clients,
-for every method alike). ``fail_nodes`` makes chosen clients answer with an error.
+for every method alike). ``fail_nodes`` makes chosen clients answer with an error; ``node_configs``
+gives chosen clients another node config (e.g. their own ``data-path``); ``errors_as_replies``
+turns an exception a client raises into the error reply Flower's ClientApp runtime sends.
 
     python -m server_app.inprocess --clients 10 --run-config "method='retrain' scenario='class'"
 """
@@ -15,6 +17,7 @@ from typing import Iterable
 
 from flwr.app import Context, Message, RecordDict
 from flwr.app.error import Error
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -29,7 +32,8 @@ class InProcessGrid(Grid):
     in_process = True  # server and clients read the same files (``Federation.on_one_machine``)
 
     def __init__(self, num_clients: int, run_config: dict, fail_nodes: Iterable[int] = (),
-                 fail_types: Iterable[str] = ("train",)):
+                 fail_types: Iterable[str] = ("train",), node_configs: dict[int, dict] | None = None,
+                 errors_as_replies: bool = False):
         TaskIdentity.run_id = 1
         TaskIdentity.node_id = 0
         TaskIdentity.task_id = 1
@@ -37,6 +41,8 @@ class InProcessGrid(Grid):
         self.run_config = run_config
         self.fail_nodes = set(fail_nodes)
         self.fail_types = set(fail_types)
+        self.node_configs = dict(node_configs or {})
+        self.errors_as_replies = errors_as_replies
         self.sent_types: list[str] = []
 
     # Grid's abstract surface -----------------------------------------------------------
@@ -67,10 +73,19 @@ class InProcessGrid(Grid):
         for message in messages:
             node = message.metadata.dst_node_id
             self.sent_types.append(message.metadata.message_type)
+            index = node - NODE_OFFSET
+            node_config = self.node_configs.get(index, {"partition-id": index, "num-partitions": self.num_clients})
             context = Context(run_id=1, node_id=node, state=RecordDict(), run_config=self.run_config,
-                              node_config={"partition-id": node - NODE_OFFSET, "num-partitions": self.num_clients})
-            if node - NODE_OFFSET in self.fail_nodes and message.metadata.message_type in self.fail_types:
+                              node_config=node_config)
+            if index in self.fail_nodes and message.metadata.message_type in self.fail_types:
                 reply = Message(Error(code=0, reason="injected failure"), reply_to=message)
+            elif self.errors_as_replies:
+                try:
+                    reply = client_app(message, context)
+                except Exception as ex:  # noqa: BLE001 - what Flower's ClientApp runtime replies
+                    reason = str(type(ex)) + ":<'" + str(ex) + "'>"
+                    reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason),
+                                    reply_to=message)
             else:
                 reply = client_app(message, context)
             replies.append(reply)

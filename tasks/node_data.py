@@ -23,7 +23,8 @@ federation of data-path nodes names its forget client (-1, the largest client, n
 pool). Every problem is a one-line ``ValueError`` naming ``data-path``, raised before any training;
 the node answers the server with it.
 
-The LLM task does not read a ``data-path`` yet (a one-line error says so).
+The LLM task reads TOFU-format files from its ``data-path`` (``tasks.llm.node_data``); the text
+tasks do not read one yet (a one-line error says so).
 """
 
 from __future__ import annotations

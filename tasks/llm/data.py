@@ -79,6 +79,10 @@ def _read_table(paths: Sequence[Path]) -> datasets.Dataset:
         reader = datasets.Dataset.from_parquet if path.suffix == ".parquet" else datasets.Dataset.from_json
         try:
             parts.append(reader(str(path)))
+        except ValueError as err:  # datasets' words for an empty file ("[]" or nothing)
+            if "corresponds to no data" not in str(err):
+                raise
+            raise ValueError(f"{path}: holds no records") from None
         except DatasetGenerationError as err:
             where = _json_error(path) if path.suffix != ".parquet" else ""
             if where:

@@ -2,7 +2,8 @@
 
 Records (TOFU format, ``tasks.llm.synthetic`` / ``tasks.llm.data``) are grouped by ``author``.
 Every client rebuilds the same assignment from the run config and the seed; raw QA pairs never
-leave a client.
+leave a client. A node with its own files (node config ``data-path``) holds its records instead of
+a share of the pool and applies the request to them itself: ``tasks.llm.node_data``.
 
 Author partition (deterministic from ``seed``; the papers do not say how TOFU is split):
 
@@ -38,6 +39,7 @@ scored by client ``i mod n``, so the pooled figures cover each record once:
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 
@@ -58,6 +60,8 @@ class LLMClientData:
     forget_authors: list[str] = field(default_factory=list)
     public: dict[str, list[dict]] = field(default_factory=dict)
     """This client's share of the public evaluation sets (module docstring), by set name."""
+    protocol: str = ""
+    """The evaluation protocol its data asks for (``tasks.llm.federation_metrics``); ``""``: by the run config."""
 
     def split(self, role: str) -> list[dict]:
         if role == "retain":
@@ -72,6 +76,10 @@ class LLMClientData:
         """Records of ``role`` that have perturbed answers (what the metrics can score)."""
         return [r for r in self.split(role) if r.get("perturbed_answer")]
 
+    def content_bytes(self) -> bytes:
+        """Everything this view holds, serialised (the node's content id, ``client_app.app``, hashes it)."""
+        return json.dumps([self.retain, self.forget, self.public], sort_keys=True, default=str).encode()
+
     def counts(self) -> dict[str, int]:
         return {"n-retain": len(self.retain), "n-forget": len(self.forget),
                 "n-eval-retain": len(self.evaluable("retain")), "n-eval-forget": len(self.evaluable("forget"))}
@@ -79,7 +87,12 @@ class LLMClientData:
 
 def _tofu_records(data_dir: str) -> list[dict]:
     """TOFU's ``full`` split with perturbed answers joined in (by question) from the perturbed splits."""
-    records = load_tofu_split(data_dir, "full")
+    return join_perturbed(data_dir, load_tofu_split(data_dir, "full"))
+
+
+def join_perturbed(data_dir: str, records: list[dict]) -> list[dict]:
+    """``records`` with paraphrased / perturbed answers joined in (by question, in place) from
+    whichever ``PERTURBED_SPLITS`` ``data_dir`` holds."""
     extra: dict[str, dict] = {}
     for split in PERTURBED_SPLITS:
         if has_tofu_split(data_dir, split):
@@ -110,10 +123,16 @@ def load_public_sets(cfg, records: list[dict]) -> dict[str, list[dict]]:
         count = max(1, round(cfg["llm-forget-fraction"] * cfg["llm-num-authors"]))
         return {"holdout": synthetic.holdout_authors(count, cfg["llm-qa-per-author"],
                                                      exclude=authors_in_order(records), seed=cfg["seed"])}
+    return tofu_public_sets(data_dir, cfg["llm-forget-fraction"])
+
+
+def tofu_public_sets(data_dir: str, forget_fraction: float) -> dict[str, list[dict]]:
+    """The public sets TOFU files in ``data_dir`` hold: real authors, world facts, the holdout
+    matching ``forget_fraction`` (else the largest present); absent files are absent sets."""
     sets = {name: load_tofu_split(data_dir, split)
             for name, split in (("real-authors", "real_authors_perturbed"), ("world-facts", "world_facts_perturbed"))
             if has_tofu_split(data_dir, split)}
-    matching = f"holdout{round(100 * cfg['llm-forget-fraction']):02d}"
+    matching = f"holdout{round(100 * forget_fraction):02d}"
     present = [split for split in (matching, *HOLDOUT_SPLITS)
                if split in HOLDOUT_SPLITS and has_tofu_split(data_dir, split)]
     if present:

@@ -8,7 +8,8 @@ equally, whichever client holds it.
 
 Two protocols (`protocol_of`), reported as ``llm_protocol`` in every entry:
 
-* ``"tofu"`` (``llm-data-dir`` set: TOFU files), TOFU's own evaluation (``aggregate_eval_stat.py`` of
+* ``"tofu"`` (``llm-data-dir`` set, or a node reading its own TOFU files from ``data-path``:
+  ``tasks.llm.node_data``), TOFU's own evaluation (``aggregate_eval_stat.py`` of
   locuslab/tofu; open-unlearning's TOFU metrics): the truth-ratio reference ``y`` is the
   *paraphrased* answer on the forget and retain sets and the original answer on real authors / world
   facts; greedy answers of up to 200 new tokens (open-unlearning's generation setting; TOFU's answers
@@ -72,9 +73,9 @@ def protocol_of(cfg) -> str:
     return "tofu" if cfg["llm-data-dir"] else "synthetic"
 
 
-def max_new_tokens_of(cfg) -> int:
-    """``llm-max-new-tokens``, or the protocol's generation length when it is 0."""
-    return cfg["llm-max-new-tokens"] or MAX_NEW_TOKENS[protocol_of(cfg)]
+def max_new_tokens_of(cfg, protocol: str = "") -> int:
+    """``llm-max-new-tokens``, or the protocol's (by default the run's) generation length when it is 0."""
+    return cfg["llm-max-new-tokens"] or MAX_NEW_TOKENS[protocol or protocol_of(cfg)]
 
 
 @dataclass
@@ -168,8 +169,8 @@ def _own_set_sums(model, tokenizer, records: list[dict], name: str, *, reference
 
 def client_llm_metrics(model, tokenizer, data, *, cfg) -> dict:
     """One client's sums and counts (module docstring), ready for a Flower MetricRecord."""
-    protocol = protocol_of(cfg)
-    max_new_tokens, batch_size = max_new_tokens_of(cfg), cfg["llm-eval-batch-size"]
+    protocol = getattr(data, "protocol", "") or protocol_of(cfg)
+    max_new_tokens, batch_size = max_new_tokens_of(cfg, protocol), cfg["llm-eval-batch-size"]
     reference = "paraphrased_answer" if protocol == "tofu" else "answer"
     out: dict = {"tofu-protocol": int(protocol == "tofu"), "max-new-tokens": max_new_tokens}
     for name in OWN_SETS:

@@ -4,7 +4,8 @@ Every node builds the same base model from the run config and the seed, so only 
 travels (``tasks.llm.federation_model``). Authors are dealt to clients from the seed
 (``tasks.llm.federation_data``); ``scenario=sample`` forgets ``llm-forget-fraction`` of them,
 ``scenario=client`` every author of the forget client. There are no classes and no plug-in point.
-Heavy imports (transformers, peft) happen inside the methods, when a run of this task uses them.
+A SuperNode may read its own TOFU-format files instead of a share of the pool (node config
+``data-path``: layout, request and errors in ``tasks.llm.node_data``). Heavy imports (transformers, peft) happen inside the methods, when a run of this task uses them.
 """
 
 from __future__ import annotations
@@ -71,9 +72,11 @@ class LLMTask(Task):
 
     # --- client side ----------------------------------------------------------------------
     def client_view(self, cfg: Config, node: dict):
-        if "data-path" in node:
-            raise ValueError(f"node config 'data-path' is not supported yet for task '{self.name}': "
-                             "use partition-id and num-partitions")
+        if "data-path" in node:  # the node's own TOFU-format files; no disk view cache (module docstring there)
+            from tasks.llm.node_data import build_node_client_data
+
+            path, pid = node["data-path"], node["partition-id"]
+            return None, lambda: build_node_client_data(cfg, path, pid)
         from tasks.llm.federation_data import build_llm_client_data, load_author_records
 
         return None, lambda: build_llm_client_data(cfg, load_author_records(cfg), node["partition-id"],

@@ -6,6 +6,8 @@ This module orchestrates and records; every method's internals live behind
 
 from __future__ import annotations
 
+import copy
+
 import logging
 import os
 import time
@@ -198,29 +200,33 @@ class Experiment:
             self.fed.start_phase(previous)
         return self._retrain
 
-    def continue_training(self, start: ModelState) -> tuple[ModelState | None, list[float], list[dict], int | None]:
-        """``continue-rounds`` of FedAvg on retained data, forget accuracy measured each round.
+    def continue_training(self, start: ModelState) -> tuple[dict, list[float], list[dict], int | None]:
+        """``continue-rounds`` of FedAvg on retained data, the model evaluated after each round.
 
-        Returns the continued model, the KR curve, the state after every round (for RT) and the
-        round at which training diverged (``None`` if it did not). A round that produces a
-        non-finite model ends the curve there: the model is ``None`` and the curve holds the
-        rounds before it, so no figure is ever computed from a dead model.
+        Returns the continued model's results entry (the evaluation of the last round, so the
+        final model is not evaluated twice; ``{"diverged_at_round": r}`` when training diverged),
+        the KR curve, the state after every round (for RT) and the round at which training
+        diverged (``None`` if it did not). A round that produces a non-finite model ends the curve
+        there: the curve holds the rounds before it, so no figure is ever computed from a dead
+        model. With ``continue-rounds=0`` the continued model is the unlearned one, evaluated once.
         """
         cost = self.fed.start_phase("continue")
-        started, curve, states = time.perf_counter(), [], []
+        started, curve, states, entries = time.perf_counter(), [], [], []
         eval_before = self.fed.cost("evaluate").seconds
 
         def measure(_round: int, arrays: ArrayRecord) -> None:
-            curve.append(evaluate_model(self.fed, self.cfg, ModelState(arrays, start.plugins))["forget_acc"])
+            entries.append(evaluate_model(self.fed, self.cfg, ModelState(arrays, start.plugins)))
+            curve.append(entries[-1]["forget_acc"])
             states.append(arrays.to_torch_state_dict())
 
-        continued, diverged_at = None, None
+        diverged_at = None
         try:
-            arrays = self.fedavg(start.arrays, "retain", self.cfg["continue-rounds"], "continue",
-                                 plugins=start.plugins, seed_offset=1, after_round=measure)
-            continued = ModelState(arrays, start.plugins)
+            self.fedavg(start.arrays, "retain", self.cfg["continue-rounds"], "continue",
+                        plugins=start.plugins, seed_offset=1, after_round=measure)
+            continued = entries[-1] if entries else evaluate_model(self.fed, self.cfg, start)
         except ModelDiverged as err:
             diverged_at = err.round_no
+            continued = {"diverged_at_round": diverged_at}
             log.warning("validity: %s; the KR curve ends with a diverged mark at round %d, CT-KR and RR are "
                         "not computed", err, diverged_at)
         cost.seconds += time.perf_counter() - started - (self.fed.cost("evaluate").seconds - eval_before)
@@ -254,13 +260,16 @@ class Experiment:
                   "unlearned": evaluate_model(self.fed, self.cfg, result.model, feats["unlearned"])}
         retrain = self.retrain()
         require_finite(retrain.arrays, phase="retrain", round_no=self.cfg.rounds_of_retrain, method="retrain")
-        retrain_entry = evaluate_model(self.fed, self.cfg, retrain, feats["retrain"])
+        if result.built == "retrain":  # the unlearned model is the retrain model: evaluated once
+            retrain_entry = copy.deepcopy(models["unlearned"])
+            if feats["retrain"] is not None:
+                feats["retrain"].update(feats["unlearned"])
+        else:
+            retrain_entry = evaluate_model(self.fed, self.cfg, retrain, feats["retrain"])
         kr_retrain = retrain_entry["forget_acc"]
 
         self.say(f"continue: {self.cfg['continue-rounds']} rounds on retained data")
-        continued, curve, states, diverged_at = self.continue_training(result.model)
-        models["continued"] = (evaluate_model(self.fed, self.cfg, continued) if continued is not None
-                               else {"diverged_at_round": diverged_at})
+        models["continued"], curve, states, diverged_at = self.continue_training(result.model)
         rollback = rollback_tendency(original.arrays.to_torch_state_dict(),
                                      result.model.arrays.to_torch_state_dict(), states) if states else []
 

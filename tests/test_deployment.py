@@ -102,7 +102,7 @@ def test_supernode_killed_while_unlearning(deployment):
             killed_at.append(time.monotonic())
             federation.kill("supernode-2")
 
-    result = federation.run(_run_config(work, "fedup", "round-timeout=40.0"), on_line=kill_on_unlearn,
+    result = federation.run(_run_config(work, "fedup", "round-timeout=30.0"), on_line=kill_on_unlearn,
                             timeout=900)
     assert killed_at, result.log[-3000:]
     if result.folder:  # the run went on with the other nodes

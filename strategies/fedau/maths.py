@@ -46,8 +46,8 @@ def unlearned_head(scenario: str, w1: dict, w2_mean: dict, alpha: float) -> dict
     """The linear operation, applied to weight and bias alike:
 
     - ``class``: ``W1 - mean(W2)``;
-    - ``sample`` / ``client``: ``(1 - alpha) W1 + alpha mean(W2)`` (the paper's formula; versions of
-      the public code before its last simplification assigned ``alpha mean(W2)`` alone, dropping W1).
+    - ``sample`` / ``client``: ``(1 - alpha) W1 + alpha mean(W2)`` (the paper's formula; the public
+      code of 2024 assigned ``alpha / n W2`` alone, dropping W1).
     """
     if scenario == "class":
         return {k: w1[k] - w2_mean[k] for k in w1}

@@ -28,9 +28,10 @@ class ``W = W1 - mean(W2)``; sample and client ``W = (1 - a) W1 + a mean(W2)``, 
 
 Choices where paper and code differ or are silent:
 
-- the sample/client formula is the paper's. Earlier versions of the public code (e.g. commit
-  0c0b58d of main_zgx.py) assign ``alpha / n * W2`` to the weight after computing
-  ``(1 - alpha) W1``, so the W1 term is lost; its last version adds it. We implement the paper.
+- the sample/client formula is the paper's. The public code of 2024 (commits 01fc445 to 5e5f445 of
+  main_zgx.py) computes ``(1 - alpha) W1`` and then, in its loop over the unlearning clients,
+  assigns ``alpha / n * W2`` to weight and bias, so the W1 term is lost (and only the last
+  client's head is kept); its 2025 simplification (4692961) adds instead. We implement the paper.
 - who trains ``W2``: the clients holding forget data of the run's request (the code's
   "unlearning users"); in the class scenario that is every client holding the class.
 - local optimiser: the run's SGD (lr, momentum, no weight decay) for both heads, as every other

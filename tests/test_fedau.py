@@ -149,3 +149,15 @@ def test_own_original_key_depends_on_the_aux_labels_and_gamma():
     assert own["class"] != own["sample"] and "fedau-client-gamma" in own["client"]
     assert FedAU().pretraining_config(parse_config({"method": "fedau"}), "0123456789abcdef") == {
         "objective": "fedau-aux", "fedau-original": "0123456789abcdef"}
+
+
+def test_comparison_tables_set_fedaus_own_original_and_its_kept_heads_beside_the_shared_one():
+    from benchmarks.compare_methods import pretraining_table
+
+    base = {"task": "digits-lenet5", "scenario": "class", "seed": 42, "status": "ok", "flags": [], "reasons": []}
+    rows = [{**base, "method": "none", "own_original": None, "pretrain_seconds": 50.0, "pretrain_bytes": 99_000_000},
+            {**base, "method": "fedau", "own_original": {"fedau-aux-head": 1}, "pretrain_seconds": 51.0,
+             "pretrain_bytes": 99_010_000, "aux_seconds": 20.0, "aux_storage_bytes": 45_864}]
+    table = pretraining_table(rows)
+    assert "| shared (none) | class | 50.0 | 99.00 | — | — |" in table
+    assert "| fedau * | class | 51.0 | 99.01 | 20.0 | 45.9 |" in table

@@ -60,22 +60,28 @@ def _holder(tmp_path, scenario="sample"):
 
 
 def test_a_holder_keeps_its_auxiliary_head_on_disk_across_rounds_and_others_train_as_fedavg(tmp_path):
-    from strategies.fedau.client import aux_training, head_path, head_query, load_kept
+    from strategies.fedau.client import aux_training, head_path, head_query, load_kept, store_kept
     from tasks.training import train_local
 
     task, cfg, holder, other = _holder(tmp_path)
     conf = {"epochs": 1, "lr": cfg["lr"], "state-folder": str(tmp_path / "node"), "fedau-original": "0123456789abcdef",
-            "max-steps": 4}
+            "max-steps": 4, "server-round": 1}
     x, y = holder.split("all")
     model = task.build_model([], seed=0)
     aux_training(model, x, y, cfg=cfg, conf=conf, seed=3, device=torch.device("cpu"), data=holder)
     path = head_path(conf["state-folder"], conf["fedau-original"], 0)
     first = load_kept(path)
     assert first["rounds"] == 1 and first["weight"].shape == (10, model.feature_dim)
-    aux_training(task.build_model([], seed=0), x, y, cfg=cfg, conf=conf, seed=4, device=torch.device("cpu"), data=holder)
+    aux_training(task.build_model([], seed=0), x, y, cfg=cfg, conf={**conf, "server-round": 2}, seed=4,
+                 device=torch.device("cpu"), data=holder)
     second = load_kept(path)  # a second round (a fresh process) starts from the kept head and trains it on
-    assert second["rounds"] == 2 and second["seconds"] > first["seconds"]
+    assert second["rounds"] == 2 and second["seconds"] > first["seconds"] and second["last-round"] == 2
     assert not torch.equal(first["weight"], second["weight"])
+    aux_training(task.build_model([], seed=0), x, y, cfg=cfg, conf=conf, seed=3, device=torch.device("cpu"),
+                 data=holder)  # round 1 again: a new pretraining of the same original starts a fresh head
+    again = load_kept(path)
+    assert again["rounds"] == 1 and torch.equal(again["weight"], first["weight"])
+    store_kept(path, second)
     reply = head_query(task, cfg, holder, None, conf, seed=0)
     assert reply["metrics"]["kept"] == 1 and torch.equal(reply["head"]["bias"], second["bias"])
     assert reply["metrics"]["stored-bytes"] == os.path.getsize(path)

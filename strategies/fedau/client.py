@@ -8,7 +8,9 @@ A forget holder trains its model and, beside the classifier head ``W1``, a linea
 SGD settings (``maths.aux_labels`` gives ``y_aux``). Only the model travels back; ``W2`` is written,
 atomically, to the client's own folder (``conf["state-folder"]``, ``client_app.kept_models.folder``)
 as ``fedau-aux-<original id>-client<id>.pt`` and read back at the next round: a ClientApp process
-may answer one message only, so memory would not keep it. It is never aggregated.
+may answer one message only, so memory would not keep it. It is never aggregated. A kept head
+from a round at or after the current one belongs to an earlier pretraining of the same original
+(e.g. one whose model was degraded, hence not cached): the round then starts a fresh head.
 
 ``head_query`` (``query.fedau``) is the unlearning request: the holder replies with its ``W2``
 (and what keeping it cost: rounds, training seconds, bytes on disk). The message carries no model.
@@ -74,6 +76,9 @@ def aux_training(model, x, y, *, cfg, conf, seed, device, data) -> float:
                        aux_seed(cfg, data.client_id))
     path = head_path(str(conf["state-folder"]), str(conf["fedau-original"]), data.client_id)
     kept = load_kept(path) or {}
+    server_round = int(conf.get("server-round", 0))
+    if int(kept.get("last-round", 0)) >= server_round:  # a new pretraining of this original: start afresh
+        kept = {}
     torch.manual_seed(aux_seed(cfg, data.client_id))
     aux = nn.Linear(model.feature_dim, num_classes)
     if "weight" in kept:
@@ -107,7 +112,7 @@ def aux_training(model, x, y, *, cfg, conf, seed, device, data) -> float:
             break
     seconds = time.perf_counter() - started
     state = {k: v.detach().cpu().clone() for k, v in aux.state_dict().items()}
-    store_kept(path, {**state, "rounds": int(kept.get("rounds", 0)) + 1,
+    store_kept(path, {**state, "rounds": int(kept.get("rounds", 0)) + 1, "last-round": server_round,
                       "seconds": float(kept.get("seconds", 0.0)) + seconds})
     return sum(last_losses) / len(last_losses) if last_losses else 0.0
 

@@ -4,7 +4,8 @@ One command runs a matrix of methods x scenarios x tasks x seeds and writes into
 
 - ``tables.md``: FedUP's Table 3 layout (R-A, F-A, MIA per scenario) and Table 4 layout
   (unlearning time and communication per scenario), then Lethe's Tables III-V layout (one table
-  per scenario: MU, U-KR, CT-KR, RR, communication); means ± standard deviations over the seeds;
+  per scenario: MU, U-KR, CT-KR, RR, communication), then what each original cost to pretrain (the
+  shared one, and a method's own: FedAU's auxiliary training); means ± standard deviations over the seeds;
   the failed runs with their one-line errors, the flagged entries with their validity reasons, and
   the combinations skipped because a method does not support them;
 - ``kr_curves.png``: every method's forget accuracy over continued training (Lethe's Fig. 4), one
@@ -111,7 +112,18 @@ def summarise(cell: Cell, results: dict, folder: str) -> dict:
             "seconds": _num(cost.get("seconds")), "bytes": int(cost["bytes_up"] + cost["bytes_down"]),
             "rounds": int(cost.get("rounds", 0)), "flags": failed,
             "reasons": list(results.get("validity", {}).get("reasons", [])), "error": "", "folder": folder,
-            "own_original": results["run"].get("own_original")}
+            "own_original": results["run"].get("own_original"),
+            **_pretraining(results)}
+
+
+def _pretraining(results: dict) -> dict:
+    """What building the run's original cost (``cost.built.original``) and what the method kept
+    from its pretraining beside it (FedAU's ``method.pretraining_aux``)."""
+    built = results["cost"].get("built", {}).get("original") or {}
+    aux = results.get("method", {}).get("pretraining_aux") or {}
+    return {"pretrain_seconds": _num(built.get("seconds")),
+            "pretrain_bytes": int(built["bytes_up"] + built["bytes_down"]) if built else None,
+            "aux_seconds": _num(aux.get("train_seconds")), "aux_storage_bytes": aux.get("storage_bytes")}
 
 
 def run_cell(cell: Cell, shared: dict, clients: int) -> dict:
@@ -284,6 +296,30 @@ def lethe_tables(rows: list[dict]) -> str:
     return "\n\n".join(parts)
 
 
+def pretraining_table(rows: list[dict]) -> str:
+    """The original each method starts from and what building it cost (the shared one, or a method's
+    own, ``*``), with what a method kept from pretraining on its clients (FedAU's auxiliary heads)."""
+    columns = (("pretraining time (s)", "pretrain_seconds", 1.0, 1), ("pretraining comm. (MB)", "pretrain_bytes", 1e-6, 2),
+               ("aux. training on holders (s)", "aux_seconds", 1.0, 1), ("kept on clients (kB)", "aux_storage_bytes", 1e-3, 1))
+    groups, parts = _group(rows), []
+    for task in _order(rows, "task"):
+        header = ["original", "scenario"] + [c[0] for c in columns]
+        lines = [f"### Pretraining: what each original cost — {task}", "",
+                 "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+        for scenario in _order(rows, "scenario"):
+            shared = [m for m in _order(rows, "method") if groups.get((task, scenario, m))
+                      and not any(r.get("own_original") for r in groups[(task, scenario, m)])]
+            own = [m for m in _order(rows, "method") if groups.get((task, scenario, m))
+                   and any(r.get("own_original") for r in groups[(task, scenario, m)])]
+            named = ([(f"shared ({', '.join(shared)})", shared[0])] if shared else []) + [(f"{m} *", m) for m in own]
+            for label, method in named:
+                group = groups[(task, scenario, method)]
+                lines.append("| " + " | ".join([label, scenario] + [entry(group, m, sc, d) for _, m, sc, d in columns])
+                             + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
 def problems(rows: list[dict], skipped: list[str]) -> str:
     """The failed runs, the flagged entries and the skipped combinations, one line each."""
     lines = []
@@ -357,7 +393,7 @@ def report(rows: list[dict], skipped: list[str], clients: int, overrides: str, j
         f"{clients} clients, shared overrides: `{overrides or 'none'}`. Entries are mean ± std over the seeds; "
         "`(k/n)`: only k of n seeds gave a number; `*`: the method trains its own original model (its "
         "`run.own_original` in results.json), not the shared one the other rows start from.",
-        fedup_tables(rows), lethe_tables(rows), "## Failed, flagged and skipped", problems(rows, skipped)]) + "\n"
+        fedup_tables(rows), lethe_tables(rows), pretraining_table(rows), "## Failed, flagged and skipped", problems(rows, skipped)]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> str:

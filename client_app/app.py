@@ -20,7 +20,10 @@ download, two uploads); ``evaluate`` -> local metrics with counts (config ``feat
 sample of penultimate features for the diagnostics); ``query.<name>`` for every query a method
 registered (``python -m strategies.registry`` lists them); a query whose config names
 ``kept-model`` receives what this client kept from that original's pretraining
-(``client_app.kept_models``) as ``conf["kept-local-model"]`` (None when it kept nothing).
+(``client_app.kept_models``) as ``conf["kept-local-model"]`` (None when it kept nothing). Every query,
+and every objective marked ``wants_client_data`` (it then also receives ``data=``, the client's view),
+gets ``conf["state-folder"]``: this node's own folder for what it keeps (``client_app.kept_models.folder``);
+a query message without ``arrays`` gets ``model`` None.
 """
 
 from __future__ import annotations
@@ -92,8 +95,15 @@ def _train_role(content: RecordDict, context: Context, role: str) -> RecordDict:
     conf = dict(content["config"])
     model = load_model(cfg, content["arrays"], str(conf.get("plugins", "")))
     name = str(conf.get("objective", "ce"))
-    state, metrics = cfg.task.train_role(cfg, data, model, role, conf, round_seed(cfg, conf, data.client_id),
-                                         None if name == "ce" else objective(name))
+    fn = None if name == "ce" else objective(name)
+    if getattr(fn, "wants_client_data", False):  # an objective that keeps state on this node (FedAU's head)
+        from functools import partial
+
+        from client_app.kept_models import folder
+
+        conf["state-folder"] = folder(context.node_config, cfg)
+        fn = partial(fn, data=data)
+    state, metrics = cfg.task.train_role(cfg, data, model, role, conf, round_seed(cfg, conf, data.client_id), fn)
     if conf.get("keep-model-as"):  # the last pretraining round: this is the model a real client holds
         from client_app.kept_models import keep
 
@@ -131,7 +141,11 @@ def _query_handler(action: str, target: str, spec):
             from client_app.kept_models import kept
 
             conf["kept-local-model"] = kept(context.node_config, cfg, data.client_id, str(conf["kept-model"]))
-        model = load_model(cfg, msg.content["arrays"], str(conf.get("plugins", "")))
+        from client_app.kept_models import folder
+
+        conf["state-folder"] = folder(context.node_config, cfg)  # where this node keeps its own state
+        # a query without a model (FedAU asks for its kept head only) receives None
+        model = load_model(cfg, msg.content["arrays"], str(conf.get("plugins", ""))) if "arrays" in msg.content else None
         reply = load(target)(cfg.task, cfg, data, model, conf, round_seed(cfg, conf, data.client_id))
         return Message(_records(reply), reply_to=msg)
 

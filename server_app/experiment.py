@@ -108,12 +108,13 @@ class Experiment:
 
     def fedavg(self, arrays: ArrayRecord, role: str, rounds: int, label: str, *, plugins: list[dict] = (),
                seed_offset: int = 0, after_round=None, last_round_config: dict | None = None,
-               on_replies=None, aggregate=None) -> ArrayRecord:
-        """``rounds`` of FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged)."""
+               on_replies=None, aggregate=None, extra_config: dict | None = None) -> ArrayRecord:
+        """``rounds`` of FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged);
+        ``extra_config`` adds entries to every round's ``train`` config."""
         strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"],
                               seed=self.cfg["seed"] + seed_offset)
         return run_rounds(self.fed, strategy, arrays, rounds=rounds,
-                          config=self.train_config(plugins=specs_to_json(list(plugins))),
+                          config=self.train_config(plugins=specs_to_json(list(plugins)), **(extra_config or {})),
                           label=label, method=self.cfg["method"], after_round=after_round,
                           last_round_config=last_round_config, on_replies=on_replies, aggregate=aggregate)
 
@@ -149,7 +150,9 @@ class Experiment:
             failed_before = len(cost.failures)
             arrays = self.fedavg(self.fresh_model(), role, rounds, kind, last_round_config=self.keep_config(kind),
                                  on_replies=recorder.record if recorder else None,
-                                 aggregate=self.method.pretraining_aggregate(self.cfg) if kind == "original" else None)
+                                 aggregate=self.method.pretraining_aggregate(self.cfg) if kind == "original" else None,
+                                 extra_config=self.method.pretraining_config(self.cfg, self.model_ids[kind])
+                                 if kind == "original" else None)
             cost.seconds += time.perf_counter() - started
             self.built_cost[kind] = cost.as_dict()
             if recorder is not None:

@@ -85,6 +85,12 @@ class UnlearningMethod:
         aggregation in its pretraining rounds (None: plain FedAvg)."""
         return None
 
+    def pretraining_config(self, cfg, original_id: str) -> dict:
+        """For a method with its own original: entries added to every pretraining ``train`` config
+        (FedAU names its local objective and the original's id, under which its clients keep what
+        they train beside the model). Empty: the shared pretraining, unchanged."""
+        return {}
+
     def history_interval(self, cfg) -> int:
         """For a method that needs ``update-history``: keep every this-many-th pretraining round."""
         return 1

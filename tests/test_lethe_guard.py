@@ -249,8 +249,9 @@ def test_the_stop_waits_until_the_forget_set_is_off_its_label():
     assert weight == 1.0 and "forget_acc" not in history[-1]
 
 
-def restore_with_checkpoints(script, restore_rounds=1):
-    cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": restore_rounds})
+def restore_with_checkpoints(script, restore_rounds=1, search=0, search_rise=0.05):
+    cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": restore_rounds,
+                        "lethe-backbone-search": search, "lethe-backbone-search-rise": search_rise})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -271,6 +272,30 @@ def test_a_backbone_broken_without_its_adapter_is_walked_back():
     # a healthy backbone (0.3 <= 0.02 + 0.5) is restored from as it is
     weight, guard, calls = restore_with_checkpoints([(1.0, 0.3)])
     assert weight == 3.0 and len(calls) == 1 and "backbone_steps_undone" not in guard
+
+
+def test_the_walk_back_keeps_the_largest_fraction_of_the_undone_step_that_passes():
+    """The walk-back undid the step 1 -> 2 (4.4 nats; the checkpoint 1 gives 0.05 <= 0.02 + 0.5).
+    Bisection (3 probes, each one round): x 1/2 (weight 1.5) passes, x 3/4 (1.75) fails, x 5/8 (1.625)
+    passes: restore goes on from 1.625 (+1 from its round), and 1 is a checkpoint again for a retry.
+    A probe passes at most lethe-backbone-search-rise above the checkpoint's 0.05 (and within 0.02 + 0.5)."""
+    script = [(1.0, 4.4), (1.0, 0.05), (1.0, 0.3), (1.0, 0.9), (1.0, 0.4)]
+    weight, guard, calls = restore_with_checkpoints(script, search=3, search_rise=0.5)  # bound min(0.52, 0.55)
+    assert [w for _, w in calls] == [2.0, 1.0, 1.5, 1.75, 1.625]
+    assert weight == pytest.approx(2.625) and guard["backbone_fraction"] == 0.625
+    assert guard["backbone_search"] == [[0.5, 0.3], [0.75, 0.9], [0.625, 0.4]]
+    assert guard["backbone_steps_undone"] == [4.4] and guard["backbone_retain_loss"] == pytest.approx(0.4)
+    assert guard["backbone_checkpoint_loss"] == pytest.approx(0.05)
+    # the default 0.05 above the checkpoint: 0.3 fails, 0.09 (x 1/4) passes, 0.2 (x 3/8) fails
+    weight, guard, calls = restore_with_checkpoints([(1.0, 4.4), (1.0, 0.05), (1.0, 0.3), (1.0, 0.09), (1.0, 0.2)],
+                                                    search=3)
+    assert [w for _, w in calls] == [2.0, 1.0, 1.5, 1.25, 1.375]
+    assert weight == pytest.approx(2.25) and guard["backbone_fraction"] == 0.25
+    # no fraction passes: the checkpoint's round (0.05) is what restore goes on from
+    weight, guard, calls = restore_with_checkpoints([(1.0, 4.4), (1.0, 0.05), (1.0, 2.0), (1.0, 1.0), (1.0, 0.9)],
+                                                    search=3)
+    assert weight == 2.0 and guard["backbone_fraction"] == 0.0 and guard["backbone_retain_loss"] == pytest.approx(0.05)
+    assert [w for _, w in calls] == [2.0, 1.0, 1.5, 1.25, 1.125]
 
 
 def test_a_restore_that_diverges_is_run_again_from_one_rectification_step_earlier():

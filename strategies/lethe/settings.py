@@ -49,6 +49,14 @@ SETTINGS: tuple[Setting, ...] = (
             "restore guard: while the first restore round's retained loss (the adapter-free backbone) is more than "
             "this many nats above the retained loss on the model rectification started from, one rectification step "
             "is undone", positive()),
+    setting("lethe-backbone-search", int, 3,
+            "restore guard: after the walk-back undid a rectification step, this many bisection probes (one round "
+            "each) for the largest fraction of that step whose backbone retained loss is still within "
+            "lethe-max-backbone-rise; 0 = whole steps only", at_least(0)),
+    setting("lethe-backbone-search-rise", float, 0.05,
+            "restore guard: a lethe-backbone-search probe passes if its retained loss is at most this many nats above "
+            "the retained loss of the step the walk-back went back to (and within lethe-max-backbone-rise)",
+            positive()),
     setting("lethe-restore-retries", int, 2,
             "restore guard: when restore's own guard acts (a restore step rolled back or refused), restore again from "
             "the backbone one rectification step earlier, at most this many times", at_least(0)),

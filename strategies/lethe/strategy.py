@@ -388,7 +388,8 @@ class Lethe(FedAvg, UnlearningMethod):
         restore round is the first report on the backbone alone. While its retained loss is more
         than ``lethe-max-backbone-rise`` above ``reference`` (or non-finite), the rectified backbone
         is broken without its adapter: restore goes back one rectification step (the round is run
-        again; ``guard["backbone_steps_undone"]``), at worst to the original."""
+        again; ``guard["backbone_steps_undone"]``), at worst to the original; then the largest passing
+        fraction of the step undone last is taken back (:meth:`_backbone_search`)."""
         cfg, fed = ctx.cfg, ctx.fed
         guard = {} if guard is None else guard
         param_names = [n for n, _ in ctx.model_factory([]).named_parameters()]
@@ -415,14 +416,20 @@ class Lethe(FedAvg, UnlearningMethod):
                     if checkpoints:
                         checkpoints.pop()  # the fallback is the newest checkpoint
             if t == 1 and reference is not None:
+                undone = None  # the last state walked back from
                 while checkpoints and not _backbone_ok(retain_views, reference, cfg["lethe-max-backbone-rise"]):
                     loss = _mean_loss(retain_views)
                     log.warning("[lethe] guard: the rectified backbone's retained loss is %.3g against %.3g on the "
                                 "start: one rectification step undone", loss, reference)
                     guard.setdefault("backbone_steps_undone", []).append(loss)
-                    state = checkpoints.pop()
+                    undone, state = state, checkpoints.pop()
                     forget_views, retain_views, _ = self._streams(ctx, state, [], round_no=round_no, **local)
                     fed.cost(fed.phase).rounds += 1
+                if undone is not None and cfg["lethe-backbone-search"] and _backbone_ok(
+                        retain_views, reference, cfg["lethe-max-backbone-rise"]):
+                    state, forget_views, retain_views = self._backbone_search(
+                        ctx, state, undone, (forget_views, retain_views), reference, round_no, local, guard,
+                        checkpoints)
                 guard["backbone_retain_loss"] = _mean_loss(retain_views)
             if t == 1:
                 baseline = {v["node"]: float(v["metrics"]["loss"]) for v in retain_views}
@@ -448,6 +455,40 @@ class Lethe(FedAvg, UnlearningMethod):
             log.info("[lethe] restore round %d/%d: forget component removed from %d/%d layers", t,
                      cfg["lethe-restore-rounds"], aligned, len(param_names))
         return state
+
+    def _backbone_search(self, ctx: UnlearnContext, start: State, undone: State, views, reference: float,
+                         round_no: int, local: dict, guard: dict, checkpoints: list[State]):
+        """The walk-back went back to ``start`` (its retained loss within ``lethe-max-backbone-rise``) from
+        ``undone`` (above it): bisect the undone step, ``start + f (undone - start)``, for the largest
+        ``f`` whose retained loss is at most ``start``'s own plus ``lethe-backbone-search-rise`` (and
+        within ``lethe-max-backbone-rise`` of ``reference``), so that less of the step's forgetting is
+        lost. ``lethe-backbone-search`` probes, each one round of both streams from the candidate,
+        charged to the phase. Returns ``(state, forget views, retain views)`` of the chosen candidate;
+        with ``f > 0`` the ``start`` is put back on ``checkpoints`` (a restore retry goes back to it).
+        ``guard["backbone_fraction"]`` is ``f``, ``guard["backbone_search"]`` the ``[f, loss]`` probes,
+        ``guard["backbone_checkpoint_loss"]`` ``start``'s retained loss (docs/lethe.md)."""
+        cfg, fed = ctx.cfg, ctx.fed
+        low, high, best = 0.0, 1.0, (start, *views)
+        start_loss = guard["backbone_checkpoint_loss"] = _mean_loss(views[1])
+        bound = min(reference + cfg["lethe-max-backbone-rise"], start_loss + cfg["lethe-backbone-search-rise"])
+        probes = guard["backbone_search"] = []
+        for _ in range(cfg["lethe-backbone-search"]):
+            mid = (low + high) / 2
+            candidate = _interpolate(start, undone, mid)
+            forget_views, retain_views, _ = self._streams(ctx, candidate, [], round_no=round_no, **local)
+            fed.cost(fed.phase).rounds += 1
+            loss = _mean_loss(retain_views)
+            probes.append([mid, loss])
+            if math.isfinite(loss) and loss <= bound:
+                low, best = mid, (candidate, forget_views, retain_views)
+            else:
+                high = mid
+        guard["backbone_fraction"] = low
+        if low > 0:
+            checkpoints.append(start)
+            log.info("[lethe] guard: the undone rectification step is taken back to x %g (retained loss %.3g)", low,
+                     _mean_loss(best[2]))
+        return best
 
     def _restore_with_retries(self, ctx: UnlearnContext, base: State, fallback: State | None, guard: dict,
                               checkpoints: list[State]) -> State:
@@ -504,6 +545,12 @@ def _mean_loss(views) -> float:
 def _backbone_ok(retain_views, reference: float, max_rise: float) -> bool:
     loss = _mean_loss(retain_views)
     return math.isfinite(loss) and loss <= reference + max_rise
+
+
+def _interpolate(start: State, end: State, fraction: float) -> State:
+    """``start + fraction (end - start)`` on the floating-point tensors (others keep ``start``'s)."""
+    return {k: start[k] + fraction * (end[k] - start[k]) if start[k].is_floating_point() else start[k]
+            for k in start}
 
 
 def _backbone(state: State) -> State:

@@ -143,6 +143,27 @@ def test_digits_is_the_whole_embedded_set_upsampled():
     assert load_images("digits", "/elsewhere", download=True) is data  # cached per process
 
 
+def test_digits_read_without_scikit_learn_equal_load_digits_and_keep_the_fingerprint():
+    """The shipped file is parsed without importing scikit-learn (a fresh ClientApp process saves its
+    import); the arrays, and so the data fingerprint in every cache key, are load_digits' own."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from tasks.vision.datasets import _digits_arrays, fingerprint
+
+    images, target = _digits_arrays()
+    bunch = load_digits()
+    assert images.dtype == bunch.images.dtype and np.array_equal(images, bunch.images)
+    assert target.dtype == bunch.target.dtype and np.array_equal(target, bunch.target)
+    assert fingerprint(images, target) == fingerprint(bunch.images, bunch.target)
+    code = ("import sys; from tasks.vision.datasets import load_images; load_images('digits', '', False); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 @pytest.mark.parametrize("dataset, folder", [("mnist", "MNIST/raw"), ("cifar10", "cifar-10-batches-py"),
                                              ("cifar100", "cifar-100-python")])
 def test_missing_files_give_one_line_error(tmp_path, dataset, folder):

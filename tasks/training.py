@@ -44,13 +44,16 @@ def set_trainable(model: nn.Module, scope: str) -> list[nn.Parameter]:
 def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
                 lr: float, momentum: float, seed: int, scope: str = "all",
                 max_steps: int | None = None, device: torch.device | None = None,
-                loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> float:
+                loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                extra_params: list[nn.Parameter] | tuple = ()) -> float:
     """SGD over (x, y) in seeded shuffled mini-batches; returns the mean training loss of the last epoch.
 
-    ``loss_fn(model, xb, yb)`` is the loss minimised; default: cross-entropy of ``model(xb)``."""
+    ``loss_fn(model, xb, yb)`` is the loss minimised; default: cross-entropy of ``model(xb)``. ``y``
+    may have more than one column (a loss that also reads other per-sample targets), and
+    ``extra_params`` (parameters outside ``model``, already on ``device``) are stepped with it."""
     device = device or torch.device("cpu")
     model.to(device).train()
-    optimizer = torch.optim.SGD(set_trainable(model, scope), lr=lr, momentum=momentum)
+    optimizer = torch.optim.SGD(set_trainable(model, scope) + list(extra_params), lr=lr, momentum=momentum)
     generator = torch.Generator().manual_seed(seed)
     steps, last_losses = 0, []
     try:

@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from strategies.fedau.maths import aux_labels, mixed_start
-from tasks.training import set_trainable, train_local
+from tasks.training import train_local
 
 HEAD_KEYS = ("weight", "bias")
 
@@ -88,33 +88,20 @@ def aux_training(model, x, y, *, cfg, conf, seed, device, data) -> float:
         aux.load_state_dict(mixed_start(w1, aux.state_dict(), cfg["fedau-client-gamma"]))
 
     started = time.perf_counter()
-    model.to(device).train()
     aux.to(device).train()
-    optimizer = torch.optim.SGD(set_trainable(model, "all") + list(aux.parameters()), lr=lr, momentum=cfg["momentum"])
-    generator = torch.Generator().manual_seed(seed)
-    steps, last_losses = 0, []
-    for _ in range(epochs):
-        last_losses = []
-        order = torch.randperm(len(y), generator=generator)
-        for start in range(0, len(y), cfg["batch-size"]):
-            idx = order[start:start + cfg["batch-size"]]
-            xb, yb, ab = x[idx].to(device), y[idx].to(device), y_aux[idx].to(device)
-            z = model.penultimate(xb)
-            loss = F.cross_entropy(model.head(z), yb) + F.cross_entropy(aux(z), ab)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            last_losses.append(loss.item())
-            steps += 1
-            if max_steps is not None and steps >= max_steps:
-                break
-        if max_steps is not None and steps >= max_steps:
-            break
+
+    def both_heads(model, xb, targets):  # targets: column 0 the label, column 1 the auxiliary label
+        z = model.penultimate(xb)
+        return F.cross_entropy(model.head(z), targets[:, 0]) + F.cross_entropy(aux(z), targets[:, 1])
+
+    loss = train_local(model, x, torch.stack([y, y_aux], 1), epochs=epochs, batch_size=cfg["batch-size"], lr=lr,
+                       momentum=cfg["momentum"], seed=seed, max_steps=max_steps, device=device, loss_fn=both_heads,
+                       extra_params=list(aux.parameters()))
     seconds = time.perf_counter() - started
     state = {k: v.detach().cpu().clone() for k, v in aux.state_dict().items()}
     store_kept(path, {**state, "rounds": int(kept.get("rounds", 0)) + 1, "last-round": server_round,
                       "seconds": float(kept.get("seconds", 0.0)) + seconds})
-    return sum(last_losses) / len(last_losses) if last_losses else 0.0
+    return loss
 
 
 aux_training.wants_client_data = True  # the vision task passes the client's data view (which samples are forget)

@@ -118,12 +118,15 @@ def summarise(cell: Cell, results: dict, folder: str) -> dict:
 
 def _pretraining(results: dict) -> dict:
     """What building the run's original cost (``cost.built.original``) and what the method kept
-    from its pretraining beside it (FedAU's ``method.pretraining_aux``)."""
+    from its pretraining beside it: on the clients (FedAU's ``method.pretraining_aux``) or on the
+    server (the update history of FedEraser and Exact-Fun, ``method.history_bytes``)."""
     built = results["cost"].get("built", {}).get("original") or {}
-    aux = results.get("method", {}).get("pretraining_aux") or {}
+    details = results.get("method", {})
+    aux = details.get("pretraining_aux") or {}
     return {"pretrain_seconds": _num(built.get("seconds")),
             "pretrain_bytes": int(built["bytes_up"] + built["bytes_down"]) if built else None,
-            "aux_seconds": _num(aux.get("train_seconds")), "aux_storage_bytes": aux.get("storage_bytes")}
+            "aux_seconds": _num(aux.get("train_seconds")), "aux_storage_bytes": aux.get("storage_bytes"),
+            "history_bytes": details.get("history_bytes")}
 
 
 def run_cell(cell: Cell, shared: dict, clients: int) -> dict:
@@ -298,9 +301,13 @@ def lethe_tables(rows: list[dict]) -> str:
 
 def pretraining_table(rows: list[dict]) -> str:
     """The original each method starts from and what building it cost (the shared one, or a method's
-    own, ``*``), with what a method kept from pretraining on its clients (FedAU's auxiliary heads)."""
+    own, ``*``), with what a method kept from pretraining on its clients (FedAU's auxiliary heads) or
+    on the server (an update history). A method that starts from the shared original but keeps a
+    history gets its own line: its run pretrained the shared original again, recording the history
+    (same model), and that pretraining's time is what recording cost beside it."""
     columns = (("pretraining time (s)", "pretrain_seconds", 1.0, 1), ("pretraining comm. (MB)", "pretrain_bytes", 1e-6, 2),
-               ("aux. training on holders (s)", "aux_seconds", 1.0, 1), ("kept on clients (kB)", "aux_storage_bytes", 1e-3, 1))
+               ("aux. training on holders (s)", "aux_seconds", 1.0, 1), ("kept on clients (kB)", "aux_storage_bytes", 1e-3, 1),
+               ("history on the server (MB)", "history_bytes", 1e-6, 1))
     groups, parts = _group(rows), []
     for task in _order(rows, "task"):
         header = ["original", "scenario"] + [c[0] for c in columns]
@@ -311,7 +318,10 @@ def pretraining_table(rows: list[dict]) -> str:
                       and not any(r.get("own_original") for r in groups[(task, scenario, m)])]
             own = [m for m in _order(rows, "method") if groups.get((task, scenario, m))
                    and any(r.get("own_original") for r in groups[(task, scenario, m)])]
-            named = ([(f"shared ({', '.join(shared)})", shared[0])] if shared else []) + [(f"{m} *", m) for m in own]
+            plain = [m for m in shared if not any(r.get("history_bytes") for r in groups[(task, scenario, m)])]
+            history = [m for m in shared if m not in plain]
+            named = ([(f"shared ({', '.join(shared)})", plain[0])] if plain else []) + \
+                [(f"{m} (shared, with its history)", m) for m in history] + [(f"{m} *", m) for m in own]
             for label, method in named:
                 group = groups[(task, scenario, method)]
                 lines.append("| " + " | ".join([label, scenario] + [entry(group, m, sc, d) for _, m, sc, d in columns])

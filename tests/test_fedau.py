@@ -162,8 +162,11 @@ def test_comparison_tables_set_fedaus_own_original_and_its_kept_heads_beside_the
 
     base = {"task": "digits-lenet5", "scenario": "class", "seed": 42, "status": "ok", "flags": [], "reasons": []}
     rows = [{**base, "method": "none", "own_original": None, "pretrain_seconds": 50.0, "pretrain_bytes": 99_000_000},
+            {**base, "method": "federaser", "own_original": None, "pretrain_seconds": 55.0,
+             "pretrain_bytes": 99_000_000, "history_bytes": 55_033_173},
             {**base, "method": "fedau", "own_original": {"fedau-aux-head": 1}, "pretrain_seconds": 51.0,
              "pretrain_bytes": 99_010_000, "aux_seconds": 20.0, "aux_storage_bytes": 45_864}]
     table = pretraining_table(rows)
-    assert "| shared (none) | class | 50.0 | 99.00 | — | — |" in table
-    assert "| fedau * | class | 51.0 | 99.01 | 20.0 | 45.9 |" in table
+    assert "| shared (none, federaser) | class | 50.0 | 99.00 | — | — | — |" in table
+    assert "| federaser (shared, with its history) | class | 55.0 | 99.00 | — | — | 55.0 |" in table
+    assert "| fedau * | class | 51.0 | 99.01 | 20.0 | 45.9 | — |" in table

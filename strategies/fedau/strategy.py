@@ -45,7 +45,7 @@ Choices where paper and code differ or are silent:
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
 from strategies.common.federation import RunStopped
@@ -77,10 +77,8 @@ class FedAU(UnlearningMethod):
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         cfg, fed = ctx.cfg, ctx.fed
         holders = fed.nodes_with("n-forget")
-        messages = [Message(RecordDict({"config": ConfigRecord({"fedau-original": ctx.original_id,
-                                                                "server-round": 1})}),
-                            dst_node_id=n, message_type="query.fedau") for n in holders]
-        replies = fed.exchange(messages, round_no=1, require_all=True)
+        content = RecordDict({"config": ConfigRecord({"fedau-original": ctx.original_id, "server-round": 1})})
+        replies = fed.broadcast(holders, "query.fedau", content, round_no=1, require_all=True)
         fed.cost(fed.phase).rounds += 1
         heads, kept = [], {}
         for reply in sorted(replies, key=lambda r: fed.client_id(r.metadata.src_node_id)):

@@ -134,11 +134,18 @@ def load_image_folder(data_path: str, split: str, num_classes: int, channels: in
     return x, torch.tensor(targets, dtype=torch.int64)
 
 
-def build_own_client_data(cfg: Config, data_path: str, partition_id: int) -> ClientData:
-    """This node's view of the request, from its own files (see the module docstring)."""
+def require_named_forget_client(cfg: Config) -> None:
+    """A request that names a leaving client (client and sample scenarios), on nodes reading their own
+    files, must name it by its ``partition-id``: ``forget-client=-1`` (the largest client) needs the
+    shared pool to know which one that is (every task's ``data-path`` reader calls this)."""
     if cfg["scenario"] != "class" and cfg["forget-client"] < 0:
         raise ValueError("run-config 'forget-client'=-1 (the largest client) needs the shared pool: with node "
                          "config 'data-path' set forget-client to the partition-id of the leaving node")
+
+
+def build_own_client_data(cfg: Config, data_path: str, partition_id: int) -> ClientData:
+    """This node's view of the request, from its own files (see the module docstring)."""
+    require_named_forget_client(cfg)
     spec = cfg.task
     train = load_split(data_path, "train", spec.num_classes, spec.in_channels)
     test = load_split(data_path, "test", spec.num_classes, spec.in_channels)

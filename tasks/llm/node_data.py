@@ -49,6 +49,7 @@ from pathlib import Path
 
 from tasks.llm.data import QA_COLUMNS, _read_table, _require_columns, _split_files, qa_records
 from tasks.llm.federation_data import LLMClientData, authors_in_order, join_perturbed, tofu_public_sets
+from tasks.node_data import require_named_forget_client
 
 LAYOUT = ("full.json, full.jsonl, full.parquet or full/*.parquet with the node's TOFU-format QA pairs "
           "(question, answer; optional author, paraphrased_answer, perturbed_answer)")
@@ -110,9 +111,7 @@ def load_node_public_sets(cfg, data_path: str) -> dict[str, list[dict]]:
 
 def build_node_client_data(cfg, data_path: str, partition_id: int) -> LLMClientData:
     """This node's retain / forget records and public sets from its own files (module docstring)."""
-    if cfg["forget-client"] < 0:
-        raise ValueError("run-config 'forget-client'=-1 (the largest client) needs the shared pool: with node "
-                         "config 'data-path' set forget-client to the partition-id of the leaving node")
+    require_named_forget_client(cfg)  # the LLM task has no class scenario: always a named leaving node
     records = load_node_records(data_path)
     public = load_node_public_sets(cfg, data_path)
     authors = authors_in_order(records)

@@ -7,7 +7,6 @@ This module orchestrates and records; every method's internals live behind
 from __future__ import annotations
 
 import copy
-
 import logging
 import os
 import time

@@ -4,7 +4,8 @@ A node's data is either a partition of the shared pool (node config ``partition-
 ``num-partitions``) or its own files (node config ``data-path``, with ``partition-id`` as its client
 id; format in ``tasks.node_data``, for the LLM task ``tasks.llm.node_data``). The view is built once per node and kept on disk
 (``client_app.view_cache``: the Deployment Engine starts a fresh process for every message) and in
-memory (Ray keeps a simulated client's process alive across rounds).
+memory (Ray keeps a simulated client's process alive across rounds); the Dirichlet assignment is kept
+there too, apart from the request, so a new deletion request does not recompute it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from functools import lru_cache
 
 from flwr.app import ArrayRecord, Context
 
-from client_app.view_cache import cache_folder, cached_view
+from client_app.view_cache import PartitionFiles, cache_folder, cached_view
+from tasks import partition
 from tasks.config import Config, parse_config
 from tasks.plugins import specs_from_json
 
@@ -60,6 +62,7 @@ def _view(frozen_config: tuple, frozen_node: tuple):
     source = _source(node)
     cfg = parse_config(run, num_clients=source.get("num-partitions"))
     key, build = cfg.task.client_view(cfg, source)
+    partition.use_store(PartitionFiles(cache_folder(node)))  # a new request over the same partition skips it
     return cfg, (cached_view(cache_folder(node), key, build) if key is not None else build())
 
 

@@ -74,3 +74,36 @@ def cached_view(folder: str, key: dict, build: Callable[[], ClientData]) -> Clie
     except OSError as error:  # a read-only or full disk costs speed, not correctness
         log.warning("data view not cached in %s: %s", folder, error)
     return data
+
+
+class PartitionFiles:
+    """The Dirichlet assignments of ``tasks.partition`` kept in ``folder`` (``tasks.partition.use_store``):
+    ``partition-<sha256 of the key>.npz`` with one index array per partition and the key itself,
+    written atomically and read with ``allow_pickle=False``; a file that does not load, or whose
+    stored key differs, counts as missing."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.folder, f"partition-{hashlib.sha256(key.encode()).hexdigest()[:24]}.npz")
+
+    def load(self, key: str, num_partitions: int) -> tuple[np.ndarray, ...] | None:
+        path = self._path(key)
+        if not os.path.isfile(path):
+            return None
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                if str(archive["key"]) != key:
+                    return None
+                return tuple(archive[f"p{i}"].astype(np.int64) for i in range(num_partitions))
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+            return None
+
+    def save(self, key: str, parts: tuple[np.ndarray, ...]) -> None:
+        try:
+            with atomic_path(self._path(key)) as tmp:
+                with open(tmp, "wb") as handle:
+                    np.savez(handle, key=np.array(key), **{f"p{i}": p for i, p in enumerate(parts)})
+        except OSError as error:  # a read-only or full disk costs speed, not correctness
+            log.warning("partition not cached in %s: %s", self.folder, error)

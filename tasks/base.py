@@ -93,10 +93,16 @@ class Task:
                    objective: Callable | None) -> tuple[State, dict]:
         """Local training of ``model`` on the data of ``role``; ``objective`` None is the task's own
         (cross-entropy). Returns what travels back (tensors) and the metrics (num-examples, loss,
-        and ``loss-before`` when ``conf['report-loss-before']`` asks for the received model's loss)."""
+        and ``loss-before``, the received model's loss on that data, when ``reports_loss_before``)."""
         raise NotImplementedError
 
     def evaluate(self, cfg: Config, data, model, conf: dict) -> tuple[dict, State | None]:
         """This client's metrics of ``model`` (sums and counts the server pools) and, if asked,
         tensors for the diagnostics."""
         raise NotImplementedError
+
+
+def reports_loss_before(conf, role: str) -> bool:
+    """Does a ``train`` message ask for the received model's loss on ``role``'s data before training?
+    ``conf['report-loss-before']`` names the roles, comma-separated (e.g. ``"forget,retain"``)."""
+    return role in str(conf.get("report-loss-before", "")).split(",")

@@ -3,12 +3,23 @@
 Every client (and the server, when it needs partition sizes) recomputes the same assignment from
 the labels and the seed, so no index list ever crosses the grid. Each partition is then split into
 the client's training data and its local test split.
+
+A ClientApp process may keep the assignment on disk (:func:`use_store`; the files sit in the node's
+view-cache folder, ``client_app.view_cache.PartitionFiles``): the Deployment Engine starts a fresh process for every message, and computing the
+assignment imports flwr-datasets and Hugging Face ``datasets`` (2-3 s on a 2-core machine, more
+than the rest of a message's start). The file is keyed by what determines the assignment (the
+label column's hash, the partition count, alpha, seed, minimum size and the flwr-datasets version),
+so every deletion request over the same partition reads it, and a change of any of them is a new
+file.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 from functools import lru_cache
+from importlib import metadata
 
 import numpy as np
 
@@ -19,13 +30,43 @@ class PartitionError(ValueError):
     """The Dirichlet partitioner cannot split the data for these settings; one line naming them."""
 
 
+_store = {"files": None}
+
+
+def use_store(files) -> None:
+    """From now on in this process, keep computed assignments in ``files`` (an object with
+    ``load(key, num_partitions)`` -> tuple of index arrays or None, and ``save(key, parts)``;
+    ``client_app.view_cache.PartitionFiles``); None: memory only."""
+    _store["files"] = files
+
+
+def store_key(labels: tuple[int, ...], num_partitions: int, alpha: float, seed: int, min_size: int) -> str:
+    """What determines an assignment, as the text a stored one is filed under."""
+    return json.dumps({"labels": hashlib.sha256(np.asarray(labels, dtype=np.int64).tobytes()).hexdigest(),
+                       "n": len(labels), "num_partitions": num_partitions, "alpha": alpha, "seed": seed,
+                       "min_size": min_size, "flwr-datasets": metadata.version("flwr-datasets")}, sort_keys=True)
+
+
 @lru_cache(maxsize=8)
 def _dirichlet_indices(labels: tuple[int, ...], num_partitions: int, alpha: float,
                        seed: int) -> tuple[np.ndarray, ...]:
+    min_size = min(MIN_PARTITION_SIZE, len(labels) // num_partitions)
+    files = _store["files"]
+    if files is None:
+        return _compute(labels, num_partitions, alpha, seed, min_size)
+    key = store_key(labels, num_partitions, alpha, seed, min_size)
+    parts = files.load(key, num_partitions)
+    if parts is None:
+        parts = _compute(labels, num_partitions, alpha, seed, min_size)
+        files.save(key, parts)
+    return parts
+
+
+def _compute(labels: tuple[int, ...], num_partitions: int, alpha: float, seed: int,
+             min_size: int) -> tuple[np.ndarray, ...]:
     from datasets import Dataset
     from flwr_datasets.partitioner import DirichletPartitioner
 
-    min_size = min(MIN_PARTITION_SIZE, len(labels) // num_partitions)
     partitioner = DirichletPartitioner(
         num_partitions=num_partitions, partition_by="label", alpha=alpha, min_partition_size=min_size,
         self_balancing=False, shuffle=True, seed=seed,

@@ -48,7 +48,7 @@ def test_train_for_two_roles_returns_one_update_per_role_from_the_same_model():
     run = {"scenario": "sample", "forget-client": 1, "mia-max-samples": 20}
     model = task_for("digits-lenet5").build_model([], seed=0)
     arrays = ArrayRecord(model.state_dict())
-    message = _message("train", arrays, role="forget+retain", epochs=1, lr=0.05, **{"report-loss-before": True})
+    message = _message("train", arrays, role="forget+retain", epochs=1, lr=0.05, **{"report-loss-before": "forget"})
     reply = app(message, _context(pid=1, run=run)).content
     assert set(reply.keys()) == {"arrays.forget", "metrics.forget", "arrays.retain", "metrics.retain"}
     forget, retain = reply["arrays.forget"].to_torch_state_dict(), reply["arrays.retain"].to_torch_state_dict()
@@ -58,6 +58,15 @@ def test_train_for_two_roles_returns_one_update_per_role_from_the_same_model():
     # each role trained from the received model: the retain half equals a retain-only request
     alone = app(_message("train", arrays, role="retain", epochs=1, lr=0.05), _context(pid=1, run=run))
     assert all(torch.equal(v, retain[k]) for k, v in alone.content["arrays"].to_torch_state_dict().items())
+    # both roles asked: the retain half reports the received model's loss on the retained data,
+    # the same with zero epochs (a report without training: the upload is the received model)
+    both = app(_message("train", arrays, role="forget+retain", epochs=1, lr=0.05,
+                        **{"report-loss-before": "forget,retain"}), _context(pid=1, run=run)).content
+    still = app(_message("train", arrays, role="retain", epochs=0, lr=0.05, **{"report-loss-before": "retain"}),
+                _context(pid=1, run=run)).content
+    assert both["metrics.retain"]["loss-before"] == pytest.approx(still["metrics"]["loss-before"])
+    assert still["metrics"]["loss-before"] > 0
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in still["arrays"].to_torch_state_dict().items())
 
 
 def test_train_plugins_scope_uploads_only_the_adapter():

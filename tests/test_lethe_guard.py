@@ -62,10 +62,9 @@ class ScriptedLethe(Lethe):
     def _streams(self, ctx, state, plugins, *, round_no, stop_loss=None, **config):
         forget_loss, retain_loss = self.script.pop(0)
         self.calls.append((round_no, float(state["lin.weight"].flatten()[0])))
-        def view(delta, loss, node, n):
+        def view(delta, loss, node, n):  # loss-before: each group's scripted loss, on the received model
             arrays = ArrayRecord({k: v + delta for k, v in state.items()})
-            return {"arrays": arrays, "metrics": {"num-examples": n, "loss": loss, "loss-before": forget_loss},
-                    "node": node}
+            return {"arrays": arrays, "metrics": {"num-examples": n, "loss": loss, "loss-before": loss}, "node": node}
 
         # anti-aligned streams: eq. 10 applies -forget on every weight, the clip keeps it at |retain| = 1
         forget_views = [view(self.forget_delta, forget_loss, 1, 10)]
@@ -167,11 +166,12 @@ def test_restore_rolls_back_an_unchecked_last_step_that_overshot():
         final = lethe.restore_rounds(ctx, state, fallback=fallback, guard=guard)
         return final["lin.weight"][0, 0].item(), guard, lethe.calls
 
-    weight, guard, calls = run([(100.0, 0.2), (5.0, 0.2)])
+    weight, guard, calls = run([(100.0, 0.2), (5.0, 0.2), (1.0, 0.2)])
     assert weight == 2.0 and guard["action"] == "rolled-back" and guard["round"] == 2
-    assert [w for _, w in calls] == [2.0, 1.0]  # checked the last step's model, then trained from the one before
-    weight, guard, calls = run([(20.0, 0.2)])
-    assert weight == 3.0 and guard == {"action": "none"} and len(calls) == 1
+    # checked the last step's model, trained from the one before, then the reports on restore's result
+    assert [w for _, w in calls] == [2.0, 1.0, 2.0]
+    weight, guard, calls = run([(20.0, 0.2), (1.0, 0.2)])
+    assert weight == 3.0 and guard["action"] == "none" and len(calls) == 2
 
 
 def test_a_restore_round_that_would_be_non_finite_is_not_applied():
@@ -204,7 +204,7 @@ def test_a_restore_step_that_costs_retained_utility_is_rolled_back():
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
     guard = {"action": "none"}
     state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
-    lethe = ScriptedLethe([(1.0, 0.2), (1.0, 0.6), (1.0, 2.4), (1.0, 0.2)])
+    lethe = ScriptedLethe([(1.0, 0.6), (1.0, 0.5), (1.0, 2.4), (1.0, 0.2)])
     final = lethe.restore_rounds(ctx, state, guard=guard)
     assert final["lin.weight"][0, 0].item() == 1.0 and guard["restore_rolled_back_round"] == 2
     assert len(lethe.calls) == 3
@@ -234,6 +234,39 @@ def test_clip_reference_is_the_longer_of_retain_and_the_forget_floor():
     assert clip_reference(retain, forget, 0.0) is retain
 
 
+def test_lifting_a_vanishing_retain_stream_lengthens_the_aligned_step_and_keeps_prop_iv1():
+    """Aligned streams, retain ~0: the upper-gamma step has length |retain| tan(theta) and vanishes;
+    the lifted stream (0.1 x |forget|) gives the same direction, longer, with both Prop. IV.1 signs."""
+    from strategies.lethe.maths import gamma_bounds, layer_gammas, lift_retain, rectify as rule
+
+    retain, forget = {"w": torch.tensor([1e-6, 5e-7])}, {"w": torch.tensor([3.0, 0.0])}
+    lifted, factor = lift_retain(retain, forget, 0.1)
+    assert float(lifted["w"].norm()) == pytest.approx(0.3) and factor == pytest.approx(0.3 / float(retain["w"].norm()))
+
+    def step(stream):
+        return rule(stream, forget, layer_gammas(gamma_bounds(stream, forget), 0.2, "upper"))["w"]
+
+    short, long = step(retain), step(lifted)
+    assert float(short.norm()) < 1e-6 < 0.1 < float(long.norm())
+    assert torch.allclose(long, short * factor, rtol=1e-4)
+    assert float(long @ forget["w"]) < 0 and abs(float(long @ lifted["w"])) < 1e-6
+    # a stream already that long, floor 0, or an all-zero stream stays as it is
+    assert lift_retain(forget, retain, 0.1) == (forget, 1.0)
+    assert lift_retain(retain, forget, 0.0) == (retain, 1.0)
+    zero = {"w": torch.zeros(2)}
+    assert lift_retain(zero, forget, 0.1) == (zero, 1.0)
+
+
+def test_the_lift_is_recorded_and_off_in_the_client_scenario():
+    _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="sample")
+    assert history[0]["retain_lift"] == pytest.approx(0.1 * 1.0 / 1e-6, rel=1e-3)
+    _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6)  # client: lethe-lift-retain-client false
+    assert history[0]["retain_lift"] == 1.0
+    _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="sample",
+                             **{"lethe-lift-retain": False})
+    assert history[0]["retain_lift"] == 1.0
+
+
 def test_the_stop_waits_until_the_forget_set_is_off_its_label():
     """Mean forget loss 15 > 12, yet the backbone still predicts 20 % of the forget set as its label
     (the sample scenario's hidden backdoor): rectification goes on one more step; at 0 % it stops."""
@@ -247,6 +280,26 @@ def test_the_stop_waits_until_the_forget_set_is_off_its_label():
     # samples a model trained without the client still predicts as their label
     weight, history, *_ = rectify(script[:2], forget_accs=[0.2])
     assert weight == 1.0 and "forget_acc" not in history[-1]
+
+
+def test_restore_keeps_the_model_the_retained_clients_rate_best():
+    """Three restore rounds; the retained clients' loss of the model they receive is 0.3 on restore's
+    start, 0.1 after step 1, 0.2 after step 2 and (one more round of reports, no training) 0.25 after
+    step 3: the model after step 1 is kept. A non-finite report is never chosen."""
+    cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 3})
+    fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
+    fed.start_phase("unlearn")
+    ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
+    state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
+    guard = {}
+    lethe = ScriptedLethe([(1.0, 0.3), (1.0, 0.1), (1.0, 0.2), (1.0, 0.25)])
+    final = lethe.restore_rounds(ctx, state, guard=guard)
+    assert final["lin.weight"][0, 0].item() == 1.0 and guard["restore_kept"] == 1
+    assert guard["restore_losses"] == pytest.approx([0.3, 0.1, 0.2, 0.25]) and fed.cost("unlearn").rounds == 4
+    guard = {}
+    lethe = ScriptedLethe([(1.0, 0.5), (1.0, 0.4), (1.0, 0.45), (1.0, math.nan)])
+    final = lethe.restore_rounds(ctx, state, guard=guard)
+    assert guard["restore_kept"] == 1 and guard["restore_losses"][-1] == math.inf
 
 
 def restore_with_checkpoints(script, restore_rounds=1, search=0, search_rise=0.05):
@@ -266,12 +319,12 @@ def test_a_backbone_broken_without_its_adapter_is_walked_back():
     """Rectification judged its steps through the adapter (retained loss 0.02); restore's first round
     finds the adapter-free backbone at 4.4 nats (seed 12, class): one rectification step is undone, and
     another while the backbone is still broken (3.0); the one before (0.05) is restored from."""
-    weight, guard, calls = restore_with_checkpoints([(1.0, 4.4), (1.0, 3.0), (1.0, 0.05)])
-    assert [w for _, w in calls] == [2.0, 1.0, 0.0] and weight == 1.0
+    weight, guard, calls = restore_with_checkpoints([(1.0, 4.4), (1.0, 3.0), (1.0, 0.05), (1.0, 0.05)])
+    assert [w for _, w in calls] == [2.0, 1.0, 0.0, 1.0] and weight == 1.0
     assert guard["backbone_steps_undone"] == [4.4, 3.0] and guard["backbone_retain_loss"] == pytest.approx(0.05)
     # a healthy backbone (0.3 <= 0.02 + 0.5) is restored from as it is
-    weight, guard, calls = restore_with_checkpoints([(1.0, 0.3)])
-    assert weight == 3.0 and len(calls) == 1 and "backbone_steps_undone" not in guard
+    weight, guard, calls = restore_with_checkpoints([(1.0, 0.3), (1.0, 0.3)])
+    assert weight == 3.0 and len(calls) == 2 and "backbone_steps_undone" not in guard
 
 
 def test_the_walk_back_keeps_the_largest_fraction_of_the_undone_step_that_passes():
@@ -279,23 +332,23 @@ def test_the_walk_back_keeps_the_largest_fraction_of_the_undone_step_that_passes
     Bisection (3 probes, each one round): x 1/2 (weight 1.5) passes, x 3/4 (1.75) fails, x 5/8 (1.625)
     passes: restore goes on from 1.625 (+1 from its round), and 1 is a checkpoint again for a retry.
     A probe passes at most lethe-backbone-search-rise above the checkpoint's 0.05 (and within 0.02 + 0.5)."""
-    script = [(1.0, 4.4), (1.0, 0.05), (1.0, 0.3), (1.0, 0.9), (1.0, 0.4)]
+    script = [(1.0, 4.4), (1.0, 0.05), (1.0, 0.3), (1.0, 0.9), (1.0, 0.4), (1.0, 0.4)]
     weight, guard, calls = restore_with_checkpoints(script, search=3, search_rise=0.5)  # bound min(0.52, 0.55)
-    assert [w for _, w in calls] == [2.0, 1.0, 1.5, 1.75, 1.625]
+    assert [w for _, w in calls] == [2.0, 1.0, 1.5, 1.75, 1.625, 2.625]
     assert weight == pytest.approx(2.625) and guard["backbone_fraction"] == 0.625
     assert guard["backbone_search"] == [[0.5, 0.3], [0.75, 0.9], [0.625, 0.4]]
     assert guard["backbone_steps_undone"] == [4.4] and guard["backbone_retain_loss"] == pytest.approx(0.4)
     assert guard["backbone_checkpoint_loss"] == pytest.approx(0.05)
     # the default 0.05 above the checkpoint: 0.3 fails, 0.09 (x 1/4) passes, 0.2 (x 3/8) fails
-    weight, guard, calls = restore_with_checkpoints([(1.0, 4.4), (1.0, 0.05), (1.0, 0.3), (1.0, 0.09), (1.0, 0.2)],
-                                                    search=3)
-    assert [w for _, w in calls] == [2.0, 1.0, 1.5, 1.25, 1.375]
+    weight, guard, calls = restore_with_checkpoints([(1.0, 4.4), (1.0, 0.05), (1.0, 0.3), (1.0, 0.09), (1.0, 0.2),
+                                                     (1.0, 0.09)], search=3)
+    assert [w for _, w in calls] == [2.0, 1.0, 1.5, 1.25, 1.375, 2.25]
     assert weight == pytest.approx(2.25) and guard["backbone_fraction"] == 0.25
     # no fraction passes: the checkpoint's round (0.05) is what restore goes on from
-    weight, guard, calls = restore_with_checkpoints([(1.0, 4.4), (1.0, 0.05), (1.0, 2.0), (1.0, 1.0), (1.0, 0.9)],
-                                                    search=3)
+    weight, guard, calls = restore_with_checkpoints([(1.0, 4.4), (1.0, 0.05), (1.0, 2.0), (1.0, 1.0), (1.0, 0.9),
+                                                     (1.0, 0.05)], search=3)
     assert weight == 2.0 and guard["backbone_fraction"] == 0.0 and guard["backbone_retain_loss"] == pytest.approx(0.05)
-    assert [w for _, w in calls] == [2.0, 1.0, 1.5, 1.25, 1.125]
+    assert [w for _, w in calls] == [2.0, 1.0, 1.5, 1.25, 1.125, 2.0]
 
 
 def test_a_restore_that_diverges_is_run_again_from_one_rectification_step_earlier():
@@ -308,7 +361,7 @@ def test_a_restore_that_diverges_is_run_again_from_one_rectification_step_earlie
         fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
         fed.start_phase("unlearn")
         ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
-        lethe = ScriptedLethe([(1.0, 0.2), (1.0, 2.4), (1.0, 0.2), (1.0, 0.3)])
+        lethe = ScriptedLethe([(1.0, 0.2), (1.0, 2.4), (1.0, 0.3), (1.0, 0.25), (1.0, 0.2)])
         model = lambda v: {"lin.weight": torch.full((2, 2), v), "lin.bias": torch.full((2,), v)}  # noqa: E731
         guard = {"action": "none", "baseline_retain_loss": 0.02}
         final = lethe._restore_with_retries(ctx, model(2.0), None, guard, [model(0.0), model(1.0)])

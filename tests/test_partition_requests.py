@@ -95,3 +95,37 @@ def test_sample_scenario_fraction_and_target(images):
     assert torch.equal(d.forget_x, again.forget_x)
     others = [build_client_data(cfg, images, i, N) for i in (0, 2)]
     assert all(len(o.forget_y) == 0 for o in others)
+
+
+def test_a_stored_partition_is_read_back_without_flwr_datasets(tmp_path):
+    """A ClientApp process keeps the assignment on disk (client_app.view_cache.PartitionFiles): a
+    later process (the Deployment Engine starts one per message) reads it without importing
+    flwr-datasets or Hugging Face datasets, gets the same indices, and a damaged file is recomputed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, numpy as np\n"
+            "from client_app.view_cache import PartitionFiles\n"
+            "from tasks import partition\n"
+            "labels = np.arange(400) % 10\n"
+            f"partition.use_store(PartitionFiles({str(tmp_path)!r}))\n"
+            "parts = partition.dirichlet_partitions(labels, 4, 0.5, 3)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'datasets', 'flwr_datasets'}))\n"
+            "print([p.tolist() for p in parts])\n")
+    root = Path(__file__).resolve().parents[1]
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+        imported, parts = out.stdout.strip().splitlines()
+        return imported, parts
+
+    first = run()
+    files = list(tmp_path.glob("partition-*.npz"))
+    assert first[0] == "['datasets', 'flwr_datasets']" and len(files) == 1
+    second = run()
+    assert second == ("[]", first[1])
+    expected = [p.tolist() for p in dirichlet_partitions(np.arange(400) % 10, 4, 0.5, 3)]
+    assert first[1] == str(expected)
+    files[0].write_bytes(b"not an npz")
+    assert run() == first  # unreadable: computed again (and stored again)

@@ -31,6 +31,13 @@ SETTINGS: tuple[Setting, ...] = (
             "lethe-step-clip is a multiple of the larger of the retain stream's norm and this x the forget stream's "
             "norm, so the bound does not vanish with the retain stream (sample scenario); 0 = the retain "
             "stream alone", at_least(0)),
+    setting("lethe-lift-retain", bool, True,
+            "a retain stream shorter than lethe-clip-floor x the forget stream is scaled up to that length before "
+            "eq. 10, so the rectified step itself (not only its bound) does not vanish when the original fits the "
+            "retained data (sample scenario); false = only the bound is raised"),
+    setting("lethe-lift-retain-client", bool, False,
+            "lethe-lift-retain of the client scenario (off: longer steps carried the backdoor share past the "
+            "clean-data reference before lethe-stop-at-reference-client could stop them)"),
     setting("lethe-clip-floor-class", float, 0.0, "lethe-clip-floor of the class scenario", at_least(0)),
     setting("lethe-clip-floor-client", float, 0.03,
             "lethe-clip-floor of the client scenario (smaller: its steps must stay short enough for "
@@ -89,7 +96,8 @@ def check_settings(cfg) -> None:
 BY_SCENARIO = {
     "class": {"lethe-lr": "lethe-lr-class", "lethe-step-clip": "lethe-step-clip-class",
               "lethe-clip-floor": "lethe-clip-floor-class"},
-    "client": {"lethe-clip-floor": "lethe-clip-floor-client", "lethe-stop-forget-acc": "lethe-stop-forget-acc-client"},
+    "client": {"lethe-clip-floor": "lethe-clip-floor-client", "lethe-stop-forget-acc": "lethe-stop-forget-acc-client",
+               "lethe-lift-retain": "lethe-lift-retain-client"},
 }
 
 

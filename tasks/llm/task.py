@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from tasks.base import State, Task
+from tasks.base import State, Task, reports_loss_before
 from tasks.config import Config, ConfigError
 
 MODEL_KEYS = ("llm-model", "llm-data-dir", "llm-num-authors", "llm-qa-per-author", "llm-forget-fraction",
@@ -105,7 +105,7 @@ class LLMTask(Task):
         _, tokenizer = self.llm(cfg)
         records = data.split(role)
         metrics = {"num-examples": len(records)}
-        if conf.get("report-loss-before", False) and role == "forget":
+        if reports_loss_before(conf, role):
             metrics["loss-before"] = mean_answer_loss(model, qa_batches(records, tokenizer, cfg["llm-batch-size"], seed))
         epochs = int(conf.get("llm-epochs", cfg["llm-local-epochs"]))
         lr = float(conf.get("llm-lr", cfg["llm-lr"]))

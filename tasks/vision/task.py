@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tasks.base import State, Task
+from tasks.base import State, Task, reports_loss_before
 from tasks.config import Config, ConfigError
 from tasks.model import PLUGIN_PREFIX, SplitModel
 from tasks.plugins import attach_plugins
@@ -126,7 +126,7 @@ class VisionTask(Task):
         scope = str(conf.get("scope", "all"))
         x, y = data.split(role)
         metrics = {"num-examples": len(y)}
-        if conf.get("report-loss-before", False) and role == "forget":
+        if reports_loss_before(conf, role):
             bypass = set(str(conf.get("loss-before-bypass", "")).split(",")) - {""}
             metrics["loss-before"] = model.loss_bypassing(x, y, bypass)
         if objective is not None:

@@ -13,8 +13,9 @@ handler that uses it (the LLM stack by an LLM run only, a method's client code b
 
 Messages: ``query.hello`` -> client id and counts; ``train`` (config: role, objective — ``ce`` or
 one a method registered —, scope, plugins, epochs, lr, max-steps, report-loss-before,
-loss-before-bypass, keep-model-as) -> arrays + num-examples/loss (+ ``loss-before`` for the forget role: the
-received model's loss on the forget data, plug-ins of the kinds in ``loss-before-bypass`` bypassed);
+loss-before-bypass, keep-model-as) -> arrays + num-examples/loss (+ ``loss-before`` for each role named in
+``report-loss-before``, comma-separated: the received model's loss on that role's data, plug-ins of the
+kinds in ``loss-before-bypass`` bypassed; ``epochs`` 0 reports without training);
 role ``forget+retain`` -> the same per role under ``arrays.<role>`` / ``metrics.<role>`` (one
 download, two uploads); ``evaluate`` -> local metrics with counts (config ``features``: plus a
 sample of penultimate features for the diagnostics); ``query.<name>`` for every query a method

@@ -4,10 +4,10 @@ Every client (and the server, when it needs partition sizes) recomputes the same
 the labels and the seed, so no index list ever crosses the grid. Each partition is then split into
 the client's training data and its local test split.
 
-A ClientApp process may keep the assignment on disk (:func:`use_store`; the files sit in the node's
-view-cache folder, ``client_app.view_cache.PartitionFiles``): the Deployment Engine starts a fresh process for every message, and computing the
-assignment imports flwr-datasets and Hugging Face ``datasets`` (2-3 s on a 2-core machine, more
-than the rest of a message's start). The file is keyed by what determines the assignment (the
+A ClientApp process may keep the assignment on disk (:func:`use_store`; the files sit in the
+node's view-cache folder, ``client_app.view_cache.PartitionFiles``): the Deployment Engine starts
+a fresh process for every message, and computing the assignment imports flwr-datasets and Hugging
+Face ``datasets`` (2-3 s on a 2-core machine, more than the rest of a message's start). The file is keyed by what determines the assignment (the
 label column's hash, the partition count, alpha, seed, minimum size and the flwr-datasets version),
 so every deletion request over the same partition reads it, and a change of any of them is a new
 file.

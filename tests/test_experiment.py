@@ -97,8 +97,8 @@ def test_lethe_runs_its_three_phases(tmp_path):
     results, _, grid = run(tmp_path, method="lethe", scenario="client", poison="backdoor")
     details = results["method"]
     assert "adapter_final_loss" in details and len(details["gamma_bounds"]) == 1
-    # amplify (1) + rectify (1) + restore (1) rounds
-    assert results["cost"]["unlearn"]["rounds"] == 3
+    # amplify (1) + rectify (1) + restore (1) rounds + the reports on restore's last model (1)
+    assert results["cost"]["unlearn"]["rounds"] == 4
     assert math.isfinite(results["models"]["unlearned"]["test_acc"])
     # the paper's FedAvg restore leaves the forget client out of the restore round: fewer bytes up
     paper, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor",
@@ -113,10 +113,11 @@ def test_lethe_sends_one_message_to_a_client_holding_both_roles(tmp_path):
     is one download per client (two uploads), not two exchanges."""
     results, _, _ = run(tmp_path, method="lethe", scenario="class", **{"lethe-stop-loss": float("inf")})
     cost = results["cost"]["unlearn"]
-    assert cost["rounds"] == 3
+    assert cost["rounds"] == 4
     model_bytes = results["cost"]["pretrain"]["bytes_down"] / (TINY["pretrain-rounds"] * 4)
-    # amplify sends the composite once to each of the 4 clients, rectify and restore once more each
-    assert 3 * 4 * model_bytes <= cost["bytes_down"] < 3.5 * 4 * model_bytes
+    # amplify sends the composite once to each of the 4 clients, rectify, restore and the reports on
+    # restore's last model once more each
+    assert 4 * 4 * model_bytes <= cost["bytes_down"] < 4.5 * 4 * model_bytes
     assert cost["bytes_up"] > 2 * 2 * 4 * 0.9 * model_bytes
 
 
@@ -135,8 +136,9 @@ def test_lethe_rectification_stops_once_the_forget_loss_is_reached(tmp_path):
                         **{"lethe-rectify-rounds": 3, "lethe-stop-loss": 1e-6})
     history = results["method"]["gamma_bounds"]
     assert len(history) == 1 and history[0]["stopped"] is True and history[0]["forget_loss"] >= 1e-6
-    # amplify (1) + the stopping round, forget clients only (1) + restore (1), not 3 rectify rounds
-    assert results["cost"]["unlearn"]["rounds"] == 3
+    # amplify (1) + the stopping round, forget clients only (1) + restore (1) + reports on its model (1),
+    # not 3 rectify rounds
+    assert results["cost"]["unlearn"]["rounds"] == 4
     unlimited, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor",
                           **{"lethe-rectify-rounds": 2, "lethe-stop-loss": float("inf")})
     assert [("stopped" in h) for h in unlimited["method"]["gamma_bounds"]] == [False, False]

@@ -101,8 +101,8 @@ def test_overshoot_shortens_the_last_step_until_it_is_checked_ok():
     # round 3 reports 100 nats (> 3 x 12): round 2's step is halved, the half reports 20 nats -> kept
     weight, history, guard, lethe, rounds = rectify([(1.0, 0.2), (5.0, 0.2), (100.0, 0.2), (20.0, 0.2)])
     assert weight == 1.5
-    assert guard == {"round": 2, "verdict": "overshoot", "action": "shrunk", "factor": 0.5, "forget_loss": 20.0,
-                     "retain_loss": pytest.approx(0.2), "baseline_retain_loss": pytest.approx(0.2)}
+    assert guard == {"round": 2, "verdict": "overshoot", "action": "shrunk", "factor": 0.5, "then": "stop",
+                     "forget_loss": 20.0, "retain_loss": pytest.approx(0.2), "baseline_retain_loss": pytest.approx(0.2)}
     assert history[-1]["verdict"] == "overshoot" and rounds == 4
     assert lethe.calls[-1][1] == 1.5  # the shortened model is what was checked
 
@@ -128,8 +128,20 @@ def test_lost_retained_utility_rolls_the_step_back():
 
 def test_non_finite_report_is_repaired_not_applied():
     # round 2 reports NaN: round 1's step x 0.5 still reports NaN, x 0.25 reports 8 nats -> kept
-    weight, _, guard, _, _ = rectify([(1.0, 0.2), (math.nan, 0.2), (math.nan, 0.2), (8.0, 0.2)])
-    assert weight == 0.25 and guard["verdict"] == "explode" and guard["factor"] == 0.25
+    weight, _, guard, _, _ = rectify([(1.0, 0.2), (math.nan, 0.2), (math.nan, 0.2), (8.0, 0.2), (12.0, 0.2)])
+    assert weight == 0.25 and guard["shrunk_then_on"][0]["verdict"] == "explode"
+    assert guard["shrunk_then_on"][0]["factor"] == 0.25
+
+
+def test_a_shortened_step_short_of_the_stop_lets_rectification_go_on():
+    """Seed 15, 7 clients alpha 0.1, client: four rounds at forget loss 0, then a step to 84 nats whose
+    half gives 0.0003 — stopping there forgets nothing. The half is kept and rectification goes on:
+    the next round (8 nats on the shortened model) takes one more step, the one after reaches the stop."""
+    weight, history, guard, lethe, rounds = rectify([(0.0, 0.2), (0.0, 0.2), (84.0, 0.2), (3e-4, 0.2),
+                                                     (3e-4, 0.2), (15.0, 0.2)])
+    assert weight == pytest.approx(2.5) and guard["action"] == "none" and history[-1]["stopped"] is True
+    assert [r["factor"] for r in guard["shrunk_then_on"]] == [0.5] and guard["shrunk_then_on"][0]["then"] == "go"
+    assert [w for _, w in lethe.calls] == [0.0, 1.0, 2.0, 1.5, 1.5, 2.5] and rounds == 6
 
 
 def test_a_step_that_would_be_non_finite_is_never_applied():
@@ -285,7 +297,8 @@ def test_the_stop_waits_until_the_forget_set_is_off_its_label():
 def test_restore_keeps_the_model_the_retained_clients_rate_best():
     """Three restore rounds; the retained clients' loss of the model they receive is 0.3 on restore's
     start, 0.1 after step 1, 0.2 after step 2 and (one more round of reports, no training) 0.25 after
-    step 3: the model after step 1 is kept. A non-finite report is never chosen."""
+    step 3: the model after step 1 is kept. A non-finite report is never chosen, nor the model
+    before any restore step."""
     cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 3})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
@@ -300,6 +313,10 @@ def test_restore_keeps_the_model_the_retained_clients_rate_best():
     lethe = ScriptedLethe([(1.0, 0.5), (1.0, 0.4), (1.0, 0.45), (1.0, math.nan)])
     final = lethe.restore_rounds(ctx, state, guard=guard)
     assert guard["restore_kept"] == 1 and guard["restore_losses"][-1] == math.inf
+    # the model restore started from is no candidate, however low its loss: restore makes forgetting last
+    guard = {}
+    final = ScriptedLethe([(1.0, 0.05), (1.0, 0.3), (1.0, 0.2), (1.0, 0.25)]).restore_rounds(ctx, state, guard=guard)
+    assert guard["restore_kept"] == 2 and final["lin.weight"][0, 0].item() == 2.0
 
 
 def restore_with_checkpoints(script, restore_rounds=1, search=0, search_rise=0.05):

@@ -49,8 +49,8 @@ from strategies.common.federation import RoundFailed, RunStopped
 from strategies.common.updates import apply_update
 from strategies.lethe.adapter import ADAPTER_KIND
 from strategies.lethe.maths import (check_gamma, clip_reference, clip_to_reference, feasible_gamma_range, gamma_bounds,
-                                    layer_alignment, layer_gammas, lift_retain, rectify, rectify_verdict, remove_forget_component,
-                                    scale_update)
+                                    layer_alignment, layer_gammas, lift_retain, rectify, rectify_verdict,
+                                    remove_forget_component, scale_update)
 from strategies.lethe.settings import scenario_setting
 from tasks.model import PLUGIN_PREFIX
 from tasks.plugins import specs_to_json
@@ -123,16 +123,17 @@ class Lethe(FedAvg, UnlearningMethod):
         data gets one message with role ``forget+retain`` and returns both updates, so it downloads
         the model once. With ``stop_loss`` set, the forget clients also report their forget loss of
         the received backbone (else the loss is ``nan``); ``report-loss-before='retain'`` in
-        ``config`` has the retained clients report theirs on the received model (restore's choice). The retained clients are asked in every
-        round, the one where the stopping rule fires included: their reported loss is what the
-        utility guard of :meth:`rectify_rounds` checks the last step against."""
+        ``config`` has the retained clients report theirs on the received model (restore's choice).
+        The retained clients are asked in every round, the one where the stopping rule fires
+        included: their reported loss is what the utility guard of :meth:`rectify_rounds` checks
+        the last step against."""
         fed = ctx.fed
         forget_nodes, retain_nodes = fed.nodes_with("n-forget"), fed.nodes_with("n-retain")
         both = set(forget_nodes) & set(retain_nodes)
         arrays = ArrayRecord(state)
         asked = [role for role in str(config.get("report-loss-before", "")).split(",") if role]
-        forget_config = {**config, "report-loss-before": ",".join((["forget"] if stop_loss is not None else []) + asked),
-                         "loss-before-bypass": ADAPTER_KIND}
+        reported = (["forget"] if stop_loss is not None else []) + asked
+        forget_config = {**config, "report-loss-before": ",".join(reported), "loss-before-bypass": ADAPTER_KIND}
         contents = {role: _train_content(arrays, plugins, role=role, round_no=round_no, **forget_config)
                     for role in ("forget", "forget+retain")}
         messages = [Message(contents["forget+retain" if n in both else "forget"], dst_node_id=n, message_type="train")
@@ -248,14 +249,15 @@ class Lethe(FedAvg, UnlearningMethod):
             checkpoints.append(state)
             previous, state = (state, update, retain_views, t), candidate
             aligned = [k for k, b in bounds.items() if b is not None]
-            log.info("[lethe] rectify round %d/%d: |retain| %.3g (lifted x %.3g) |forget| %.3g; forget loss %.3g, retained loss %s; "
-                     "%d/%d layers aligned (s>0), gamma (%s) inside the Prop. IV.1 bounds on %d of them",
+            log.info("[lethe] rectify round %d/%d: |retain| %.3g (lifted x %.3g) |forget| %.3g; forget loss %.3g, "
+                     "retained loss %s; %d/%d layers aligned (s>0), gamma (%s) inside the Prop. IV.1 bounds on %d "
+                     "of them",
                      t, cfg["lethe-rectify-rounds"], norms["retain"], lift, norms["forget"], forget_loss,
                      "n/a" if retain_loss is None else f"{retain_loss:.3g}", len(aligned), len(bounds),
                      cfg["lethe-gamma-mode"], sum(inside[k] for k in aligned))
             feasible = feasible_gamma_range(bounds)
-            history.append({**entry, "retain_norm": norms["retain"], "forget_norm": norms["forget"], "retain_lift": lift,
-                            "feasible_gamma": list(feasible) if feasible else None,
+            history.append({**entry, "retain_norm": norms["retain"], "forget_norm": norms["forget"],
+                            "retain_lift": lift, "feasible_gamma": list(feasible) if feasible else None,
                             "layers": {k: {"lower": b[0], "upper": b[1], "gamma": gammas[k],
                                            "gamma_inside": inside[k]}
                                        for k, b in bounds.items() if b is not None}})

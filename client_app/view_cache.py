@@ -39,71 +39,63 @@ def cache_folder(node_config: dict) -> str:
     return os.path.expanduser(configured or os.path.join("~", ".cache", "fedunlearn", "views"))
 
 
-def _path(folder: str, key_json: str) -> str:
-    return os.path.join(folder, f"view-{hashlib.sha256(key_json.encode()).hexdigest()[:24]}.npz")
+def _path(folder: str, kind: str, key_json: str) -> str:
+    return os.path.join(folder, f"{kind}-{hashlib.sha256(key_json.encode()).hexdigest()[:24]}.npz")
 
 
-def _load(path: str, key_json: str) -> ClientData | None:
+def _read(path: str, key_json: str) -> dict[str, np.ndarray] | None:
+    """The arrays stored in ``path`` under ``key_json``; None if the file is missing, does not load,
+    or holds another key."""
+    if not os.path.isfile(path):
+        return None
     try:
         with np.load(path, allow_pickle=False) as archive:
             if str(archive["key"]) != key_json:
                 return None
-            tensors = {name: torch.from_numpy(archive[name].copy()) for name in TENSOR_FIELDS}
-            return ClientData(client_id=int(archive["client_id"]), **tensors)
+            return {name: archive[name] for name in archive.files if name != "key"}
     except (OSError, KeyError, ValueError, zipfile.BadZipFile):
         return None
 
 
-def _store(path: str, key_json: str, data: ClientData) -> None:
-    arrays = {name: getattr(data, name).numpy() for name in TENSOR_FIELDS}
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as handle:
-            np.savez(handle, key=np.array(key_json), client_id=np.array(data.client_id), **arrays)
+def _write(path: str, key_json: str, arrays: dict[str, np.ndarray]) -> None:
+    """``arrays`` and the key into ``path``, atomically; a read-only or full disk costs speed, not
+    correctness (a warning, no error)."""
+    try:
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as handle:
+                np.savez(handle, key=np.array(key_json), **arrays)
+    except OSError as error:
+        log.warning("not cached in %s: %s", os.path.dirname(path), error)
 
 
 def cached_view(folder: str, key: dict, build: Callable[[], ClientData]) -> ClientData:
     """The view stored under ``key`` in ``folder``, else ``build()`` stored there and returned."""
     key_json = json.dumps(key, sort_keys=True)
-    path = _path(folder, key_json)
-    data = _load(path, key_json) if os.path.isfile(path) else None
-    if data is not None:
-        return data
+    path = _path(folder, "view", key_json)
+    stored = _read(path, key_json)
+    if stored is not None and all(name in stored for name in ("client_id", *TENSOR_FIELDS)):
+        return ClientData(client_id=int(stored["client_id"]),
+                          **{name: torch.from_numpy(stored[name].copy()) for name in TENSOR_FIELDS})
     data = build()
-    try:
-        _store(path, key_json, data)
-    except OSError as error:  # a read-only or full disk costs speed, not correctness
-        log.warning("data view not cached in %s: %s", folder, error)
+    _write(path, key_json, {"client_id": np.array(data.client_id),
+                            **{name: getattr(data, name).numpy() for name in TENSOR_FIELDS}})
     return data
 
 
 class PartitionFiles:
     """The Dirichlet assignments of ``tasks.partition`` kept in ``folder`` (``tasks.partition.use_store``):
     ``partition-<sha256 of the key>.npz`` with one index array per partition and the key itself,
-    written atomically and read with ``allow_pickle=False``; a file that does not load, or whose
-    stored key differs, counts as missing."""
+    stored like the views (atomically, read with ``allow_pickle=False``; a file that does not load,
+    or whose stored key differs, counts as missing)."""
 
     def __init__(self, folder: str):
         self.folder = folder
 
-    def _path(self, key: str) -> str:
-        return os.path.join(self.folder, f"partition-{hashlib.sha256(key.encode()).hexdigest()[:24]}.npz")
-
     def load(self, key: str, num_partitions: int) -> tuple[np.ndarray, ...] | None:
-        path = self._path(key)
-        if not os.path.isfile(path):
+        stored = _read(_path(self.folder, "partition", key), key)
+        if stored is None or any(f"p{i}" not in stored for i in range(num_partitions)):
             return None
-        try:
-            with np.load(path, allow_pickle=False) as archive:
-                if str(archive["key"]) != key:
-                    return None
-                return tuple(archive[f"p{i}"].astype(np.int64) for i in range(num_partitions))
-        except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-            return None
+        return tuple(stored[f"p{i}"].astype(np.int64) for i in range(num_partitions))
 
     def save(self, key: str, parts: tuple[np.ndarray, ...]) -> None:
-        try:
-            with atomic_path(self._path(key)) as tmp:
-                with open(tmp, "wb") as handle:
-                    np.savez(handle, key=np.array(key), **{f"p{i}": p for i, p in enumerate(parts)})
-        except OSError as error:  # a read-only or full disk costs speed, not correctness
-            log.warning("partition not cached in %s: %s", self.folder, error)
+        _write(_path(self.folder, "partition", key), key, {f"p{i}": p for i, p in enumerate(parts)})

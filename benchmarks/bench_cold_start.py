@@ -13,6 +13,8 @@ in one run, ``--repeats`` times (median shown):
   built without recomputing the partition (no flwr-datasets import);
 - ``now, later messages``: lazy imports, the view read from the node cache (every message after
   a node's first);
+- ``now, own files (data-path), first message``: a node that reads its own ``train.npz`` /
+  ``test.npz`` (a real deployment; no partition of a shared pool, so no flwr-datasets), empty cache;
 - ``--base PATH``: also the real code of an older checkout at PATH (its own imports and views).
 
     python benchmarks/bench_cold_start.py [--repeats 3] [--base /path/to/old/checkout]
@@ -28,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,6 +50,8 @@ node = {"partition-id": 0, "num-partitions": 10}
 if sys.argv[2]:
     node["view-cache-dir"] = sys.argv[2]
 run_config = {"scenario": sys.argv[3]} if len(sys.argv) > 3 else {}
+if len(sys.argv) > 4:
+    node["data-path"] = sys.argv[4]
 context = Context(run_id=1, node_id=7, state=RecordDict(), run_config=run_config, node_config=node)
 message = Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=7, message_type="query.hello")
 reply = client_app.app.app(message, context)
@@ -77,6 +83,13 @@ def main() -> None:
         def fresh_cache() -> str:
             return tempfile.mkdtemp(dir=scratch)
 
+        own = os.path.join(scratch, "own")
+        os.makedirs(own)
+        rng = np.random.default_rng(0)
+        for split, n in (("train", 180), ("test", 45)):  # the size of a digits partition at 10 nodes
+            np.savez(os.path.join(own, f"{split}.npz"), x=rng.integers(0, 256, (n, 32, 32), dtype=np.uint8),
+                     y=rng.integers(0, 10, n))
+
         def new_request() -> float:
             folder = fresh_cache()
             seconds([HELLO, "lazy", folder, "class"], ROOT)  # an earlier request on this node
@@ -88,6 +101,9 @@ def main() -> None:
             "now, first message": lambda: seconds([HELLO, "lazy", fresh_cache()], ROOT),
             "now, a new request's first message": new_request,
             "now, later messages": lambda: seconds([HELLO, "lazy", warm], ROOT),
+            # the class scenario: a data-path federation names its forget client, the default (-1) needs the pool
+            "now, own files (data-path), first message": lambda: seconds([HELLO, "lazy", fresh_cache(), "class", own],
+                                                                         ROOT),
         }
         if args.base:
             variants[f"checkout {args.base}"] = lambda: seconds([HELLO, "base", ""], args.base.resolve())

@@ -15,7 +15,8 @@ from server_app.experiment import Experiment
 from strategies.common.federation import Federation, RoundFailed
 
 TINY = {"pretrain-rounds": 2, "continue-rounds": 2, "local-epochs": 1, "mia-max-samples": 30,
-        "fedup-epochs": 20, "lethe-rectify-rounds": 1, "lethe-restore-rounds": 1, "lethe-adapter-steps": 3}
+        "fedup-epochs": 20, "lethe-rectify-rounds": 1, "lethe-restore-rounds": 1, "lethe-adapter-steps": 3,
+        "lethe-verify-passes": 0}
 
 
 def run(tmp_path, num_clients=4, fail_nodes=(), **overrides):
@@ -106,6 +107,22 @@ def test_lethe_runs_its_three_phases(tmp_path):
     assert paper["cost"]["unlearn"]["rounds"] == 3
     assert paper["cost"]["unlearn"]["bytes_up"] < results["cost"]["unlearn"]["bytes_up"]
     assert paper["models"]["unlearned"] != results["models"]["unlearned"]
+
+
+def test_lethe_checks_its_restored_model_at_the_forget_clients_and_passes_again_while_it_knows(tmp_path):
+    """With no rectify and no restore round a pass changes nothing: the forget clients' check finds the
+    class still known, a second pass runs from the first one's model, and the check equals the
+    server's own forget accuracy of the kept model (the same data, measured at the nodes)."""
+    results, _, _ = run(tmp_path, method="lethe", scenario="class",
+                        **{"lethe-verify-passes": 1, "lethe-rectify-rounds": 0, "lethe-restore-rounds": 0,
+                           "continue-rounds": 1})
+    details, unlearned = results["method"], results["models"]["unlearned"]
+    checks = details["forget_checks"]
+    assert [c["known"] for c in checks] == [True, True] and len(details["passes"]) == 1
+    assert checks[0]["bound"] == 0.02 and checks[0]["forget_n"] > 0
+    assert details["kept_pass"] == 1  # both still know it equally: the earlier is kept
+    assert checks[0]["forget_acc"] == pytest.approx(unlearned["forget_acc"]) and unlearned["forget_acc"] > 0.5
+    assert results["cost"]["unlearn"]["rounds"] == 2  # each pass's amplify round
 
 
 def test_lethe_sends_one_message_to_a_client_holding_both_roles(tmp_path):

@@ -78,13 +78,15 @@ class Linear(torch.nn.Module):
         self.lin = torch.nn.Linear(2, 2)
 
 
-def rectify(script, rounds=5, forget_delta=-1.0, start=0.0, retain_delta=1.0, forget_accs=(), **overrides):
+def rectify(script, rounds=5, forget_delta=-1.0, start=0.0, retain_delta=1.0, forget_accs=(), later_pass=False,
+            **overrides):
     cfg = parse_config({"method": "lethe", "scenario": "client", "lethe-rectify-rounds": rounds,
                         "lethe-step-clip": 1.0, **overrides})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
     lethe = ScriptedLethe(script, forget_delta, retain_delta, forget_accs)
+    lethe.later_pass = later_pass
     state = {"lin.weight": torch.full((2, 2), start), "lin.bias": torch.full((2,), start)}
     final, history, guard = lethe.rectify_rounds(ctx, state, [])
     guard.pop("checkpoints")  # restore's (the states before each applied step)
@@ -412,3 +414,88 @@ def test_the_client_scenario_stops_where_the_backdoor_is_gone_not_beyond():
     assert history[-1]["forget_acc"] == 0.15 and history[-1]["forget_reference"] == 0.2
     weight, history = run(**{"lethe-stop-at-reference-client": False})
     assert weight == 5.0 and "forget_reference" not in history[-1]  # the loss stop, 5 steps
+
+
+class PassScriptedLethe(Lethe):
+    """Lethe whose passes and forget-client evaluations are scripted: pass k returns a model whose
+    weights are all k, and each check returns the next scripted counts."""
+
+    def __init__(self, counts):
+        super().__init__()
+        self.counts, self.starts, self.offsets = list(counts), [], []
+
+    def one_pass(self, ctx):
+        self.starts.append(float(ctx.original.arrays.to_torch_state_dict()["lin.weight"][0, 0]))
+        self.offsets.append(self.round_offset)
+        k = len(self.starts)
+        return ArrayRecord({"lin.weight": torch.full((2, 2), float(k))}), {"gamma_bounds": [k], "rectify_guard": {}}
+
+    def _forget_counts(self, ctx, state, round_no):
+        return self.counts.pop(0)
+
+
+def verified(counts, scenario="class", **overrides):
+    from strategies.common.base import ModelState
+
+    cfg = parse_config({"method": "lethe", "scenario": scenario, "poison": "backdoor", **overrides})
+    ctx = UnlearnContext(None, cfg, ModelState(ArrayRecord({"lin.weight": torch.zeros(2, 2)})),
+                         model_factory=lambda plugins: Linear(), retrain=None)
+    lethe = PassScriptedLethe(counts)
+    result = lethe.unlearn(ctx)
+    return float(result.model.arrays.to_torch_state_dict()["lin.weight"][0, 0]), result.details, lethe
+
+
+def counts(known, n=100, target=0, test=30):
+    return {"forget-correct": known, "forget-n": n, "pred-target-n": target, "test-n": test}
+
+
+def test_a_restored_model_that_still_knows_the_forget_set_gets_another_pass_from_it():
+    # class: 20 % of the forget set still predicted as its label (> lethe-verify-forget-acc 0.02)
+    weight, details, lethe = verified([counts(20), counts(1)])
+    assert weight == 2.0 and details["kept_pass"] == 2 and lethe.starts == [0.0, 1.0]
+    assert [c["known"] for c in details["forget_checks"]] == [True, False]
+    assert details["gamma_bounds"] == [1] and details["passes"] == [{"gamma_bounds": [2], "rectify_guard": {}}]
+    assert lethe.offsets[0] == 0 and lethe.offsets[1] > 10 + 5 + 2  # pass 2's rounds (seeds) are its own
+
+
+def test_a_first_pass_that_forgot_is_kept_and_checked_once():
+    weight, details, lethe = verified([counts(2)])  # 0.02: at lethe-verify-forget-acc, not above it
+    assert weight == 1.0 and details["kept_pass"] == 1 and len(details["forget_checks"]) == 1
+    assert "passes" not in details
+
+
+def test_when_every_pass_still_knows_the_one_that_knows_least_is_kept():
+    weight, details, _ = verified([counts(20), counts(30)])
+    assert weight == 1.0 and details["kept_pass"] == 1
+    weight, details, lethe = verified([counts(30), counts(20), counts(25)], **{"lethe-verify-passes": 2})
+    assert weight == 2.0 and lethe.starts == [0.0, 1.0, 2.0] and len(details["forget_checks"]) == 3
+
+
+def test_verify_off_or_unmeasurable_leaves_one_pass():
+    weight, details, lethe = verified([counts(90)], **{"lethe-verify-passes": 0})
+    assert weight == 1.0 and "forget_checks" not in details and lethe.counts  # not even asked
+    weight, details, _ = verified([None])  # a task without forget counts (LLM)
+    assert weight == 1.0 and "forget_checks" not in details
+
+
+def test_the_client_check_allows_the_clean_data_reference_plus_a_one_sided_margin():
+    # reference 2/30; pooled p = 12/130; margin 1.645 * sqrt(p (1-p) (1/100 + 1/30)) = 0.099
+    reference, pooled = 2 / 30, 12 / 130
+    bound = reference + 1.645 * math.sqrt(pooled * (1 - pooled) * (1 / 100 + 1 / 30))
+    _, details, _ = verified([counts(10, target=2)], scenario="client")
+    check = details["forget_checks"][0]
+    assert check["bound"] == pytest.approx(bound) and check["reference"] == pytest.approx(reference)
+    assert not check["known"]
+    _, details, lethe = verified([counts(40, target=2), counts(8, target=2)], scenario="client")
+    assert details["kept_pass"] == 2 and details["forget_checks"][0]["known"]
+
+
+def test_a_verify_pass_counts_its_stop_from_the_forget_loss_it_starts_at():
+    script = [(30.0, 0.2), (35.0, 0.2), (43.0, 0.2)]
+    weight, history, guard, *_ = rectify(script)  # first pass: 30 nats is past the 12-nat stop at once
+    assert weight == 0.0 and history[0]["stopped"] is True and "stop_loss" not in guard
+    weight, history, guard, *_ = rectify(script, later_pass=True)  # stop at 30 + 12, overshoot past 3 x 42
+    assert weight == 2.0 and history[-1]["stopped"] is True and guard["stop_loss"] == pytest.approx(42.0)
+    # a verify pass rectifies the class down to lethe-verify-forget-acc (0.02), not to 0.05
+    weight, *_ = rectify(script + [(45.0, 0.2)], later_pass=True, forget_accs=[0.04, 0.01], scenario="class", rounds=4)
+    assert weight == 3.0

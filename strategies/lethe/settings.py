@@ -67,6 +67,15 @@ SETTINGS: tuple[Setting, ...] = (
     setting("lethe-restore-retries", int, 2,
             "restore guard: when restore's own guard acts (a restore step rolled back or refused), restore again from "
             "the backbone one rectification step earlier, at most this many times", at_least(0)),
+    setting("lethe-verify-passes", int, 1,
+            "after restore the forget clients check the restored model (class, sample: it predicts at most "
+            "lethe-verify-forget-acc of the forget set as its label; client: no more of it as the target than of their "
+            "clean test data, with a one-sided 95 % margin); while it fails, at most this many more passes of "
+            "amplify, rectify and restore from it; 0 = one pass (the paper)", at_least(0)),
+    setting("lethe-verify-forget-acc", float, 0.02,
+            "class and sample scenarios: the share of the forget set the restored model may still predict as its label "
+            "(lethe-verify-passes' check), and the share a verify pass rectifies down to (a first pass stops at "
+            "lethe-stop-forget-acc)", in_range(0, 1)),
     setting("lethe-rectify-rounds", int, 10, "most dual-stream rectification rounds", at_least(0)),
     setting("lethe-stop-loss", float, 12.0,
         "rectification stops once the forget clients' mean forget loss (nats, backbone without the "

@@ -30,12 +30,17 @@
    brought a backdoor that rectification had removed back to 0.2–0.6 within one round; the
    rectified restore kept it at 0 through 20 continued FedAvg rounds.
 
+4. **Verify** (ours, ``lethe-verify-passes``): the forget clients evaluate the restored model; while
+   it still predicts too much of the forget set as its label (:meth:`Lethe.still_known`), the three
+   phases run again from it, with a stop counted from where that pass starts.
+
 A forget client that fails during amplify or rectify ends the phase (``RoundFailed`` naming the
 phase and round); the original model is never modified, so it stays intact.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -60,6 +65,7 @@ log = logging.getLogger("fedunlearn")
 
 SHRINK_TRIES = 3  # halvings of an overshooting rectification step before it is rolled back
 REFERENCE_SEARCH = 3  # bisection steps of the client scenario's last step towards the reference
+VERIFY_Z = 1.645  # one-sided 95 % normal quantile: the client check's margin over the clean-data reference
 
 State = dict[str, torch.Tensor]
 
@@ -114,6 +120,8 @@ class Lethe(FedAvg, UnlearningMethod):
     def __init__(self):
         super().__init__(fraction_train=1.0, fraction_evaluate=0.0, weighted_by_key="num-examples",
                          arrayrecord_key="arrays", configrecord_key="config")
+        self.round_offset = 0  # added to every round number of a pass: a later pass gets its own seeds
+        self.later_pass = False  # a verify pass (see unlearn): its loss stop counts from its start
 
     def _streams(self, ctx: UnlearnContext, state: State, plugins: list[dict], *, round_no: int,
                  stop_loss: float | None = None, **config) -> tuple[list, list, float]:
@@ -128,6 +136,7 @@ class Lethe(FedAvg, UnlearningMethod):
         included: their reported loss is what the utility guard of :meth:`rectify_rounds` checks
         the last step against."""
         fed = ctx.fed
+        round_no += self.round_offset
         forget_nodes, retain_nodes = fed.nodes_with("n-forget"), fed.nodes_with("n-retain")
         both = set(forget_nodes) & set(retain_nodes)
         arrays = ArrayRecord(state)
@@ -159,10 +168,12 @@ class Lethe(FedAvg, UnlearningMethod):
         plugins = [{"kind": ADAPTER_KIND, "seed": cfg["seed"]}]
         model = ctx.model_factory(plugins)
         model.load_state_dict({**model.state_dict(), **base})
-        content = _train_content(ArrayRecord(model.state_dict()), plugins, role="forget", round_no=1,
+        round_no = 1 + self.round_offset
+        content = _train_content(ArrayRecord(model.state_dict()), plugins, role="forget", round_no=round_no,
                                  objective="adapter-ascent", scope="plugins",
                                  **{"max-steps": cfg["lethe-adapter-steps"], "lr": cfg["lethe-adapter-lr"]})
-        replies = ctx.fed.broadcast(ctx.fed.nodes_with("n-forget"), "train", content, round_no=1, require_all=True)
+        replies = ctx.fed.broadcast(ctx.fed.nodes_with("n-forget"), "train", content, round_no=round_no,
+                                    require_all=True)
         ctx.fed.cost(ctx.fed.phase).rounds += 1
         adapter, _ = self.aggregate_train(1, replies)
         losses = [float(r.content["metrics"]["loss"]) for r in replies]
@@ -193,7 +204,7 @@ class Lethe(FedAvg, UnlearningMethod):
         clip_floor = scenario_setting(cfg, "lethe-clip-floor")
         lift_floor = clip_floor if scenario_setting(cfg, "lethe-lift-retain") else 0.0
         local = {"scope": "base", "lr": lr, "epochs": cfg["lethe-epochs"]}
-        judge = _Judge(cfg["lethe-stop-loss"], cfg["lethe-max-retain-rise"])
+        judge = _Judge(cfg["lethe-stop-loss"], cfg["lethe-max-retain-rise"], relative=self.later_pass)
         guard: dict = {"action": "none"}
         previous = None  # (state before the last applied step, the step, its retain views, its round)
         checkpoints: list[State] = []  # the state before every applied step, oldest first
@@ -227,8 +238,8 @@ class Lethe(FedAvg, UnlearningMethod):
             if verdict == "go" and t > 1 and self._at_reference(ctx, state, t, entry):
                 verdict = "stop"
             if verdict != "go":
-                log.info("[lethe] rectify round %d: the backbone's forget loss %.3g >= lethe-stop-loss %g: "
-                         "rectification stops", t, forget_loss, cfg["lethe-stop-loss"])
+                log.info("[lethe] rectify round %d: the backbone's forget loss %.3g against the stop %g: "
+                         "rectification stops", t, forget_loss, judge.stop_loss)
                 history.append({**entry, "stopped": True})
                 if previous is not None and self._reference_on(cfg) and "forget_reference" not in entry:
                     state, guard["reference_search"] = self._back_to_reference(ctx, state, previous, t, buffer_names)
@@ -265,6 +276,8 @@ class Lethe(FedAvg, UnlearningMethod):
             if previous is not None:  # the round cap ended the phase: no report has judged the last step
                 guard["unchecked"] = previous
         guard["baseline_retain_loss"] = judge.reference_loss
+        if judge.relative:
+            guard["stop_loss"] = judge.stop_loss  # this pass's stop: lethe-stop-loss above its start
         guard["checkpoints"] = [c for c in checkpoints if c is not state]
         return state, history, guard
 
@@ -274,6 +287,8 @@ class Lethe(FedAvg, UnlearningMethod):
         asked). One ``evaluate`` message to each forget client; measured (seed 11, 7 clients, sample),
         a mean of 12.5 nats hid 17.5 % of the forget set still carrying the backdoor."""
         limit = scenario_setting(ctx.cfg, "lethe-stop-forget-acc")
+        if self.later_pass and limit < 1:
+            limit = ctx.cfg["lethe-verify-forget-acc"]
         if limit >= 1:
             return True
         acc = entry["forget_acc"] = self._forget_accuracy(ctx, state, round_no)
@@ -361,18 +376,29 @@ class Lethe(FedAvg, UnlearningMethod):
                      reference)
         return forget_acc <= reference
 
-    def _forget_eval(self, ctx: UnlearnContext, state: State, round_no: int) -> tuple[float, float]:
-        """``(forget accuracy, target share)`` of ``state``'s backbone at the forget clients: the share of
-        their forget data predicted as its label, and of their clean local test data predicted as
-        ``backdoor-target``."""
+    def _forget_counts(self, ctx: UnlearnContext, state: State, round_no: int) -> dict[str, int] | None:
+        """One ``evaluate`` message to each forget client with ``state``'s backbone: the summed counts
+        ``forget-correct`` / ``forget-n`` (their forget data predicted as its label) and
+        ``pred-target-n`` / ``test-n`` (their clean local test data predicted as ``backdoor-target``);
+        ``None`` on a task whose clients report no such counts (the LLM task)."""
         content = RecordDict({"arrays": ArrayRecord(_backbone(state)),
                               "config": ConfigRecord({"plugins": specs_to_json([])})})
-        replies = ctx.fed.broadcast(ctx.fed.nodes_with("n-forget"), "evaluate", content, round_no=round_no,
-                                    require_all=True)
+        replies = ctx.fed.broadcast(ctx.fed.nodes_with("n-forget"), "evaluate", content,
+                                    round_no=round_no + self.round_offset, require_all=True)
         metrics = [r.content["metrics"] for r in replies]
-        n, n_test = sum(int(m["forget-n"]) for m in metrics), sum(int(m["test-n"]) for m in metrics)
-        return (sum(int(m["forget-correct"]) for m in metrics) / max(1, n),
-                sum(int(m["pred-target-n"]) for m in metrics) / n_test if n_test else 0.0)
+        keys = ("forget-correct", "forget-n", "pred-target-n", "test-n")
+        if not all(k in m for m in metrics for k in keys):
+            return None
+        return {k: sum(int(m[k]) for m in metrics) for k in keys}
+
+    def _forget_eval(self, ctx: UnlearnContext, state: State, round_no: int) -> tuple[float, float]:
+        """``(forget accuracy, target share)`` of ``state``'s backbone at the forget clients (see
+        :meth:`_forget_counts`); ``(0, 0)`` where the task reports no counts: nothing is judged known."""
+        counts = self._forget_counts(ctx, state, round_no)
+        if counts is None:
+            return 0.0, 0.0
+        return (counts["forget-correct"] / max(1, counts["forget-n"]),
+                counts["pred-target-n"] / counts["test-n"] if counts["test-n"] else 0.0)
 
     def _forget_accuracy(self, ctx: UnlearnContext, state: State, round_no: int) -> float:
         """The forget clients' share of their forget data that ``state``'s backbone predicts as its label."""
@@ -422,7 +448,8 @@ class Lethe(FedAvg, UnlearningMethod):
                 ctx, state, [], round_no=round_no, stop_loss=cfg["lethe-stop-loss"] if check else None, **local)
             fed.cost(fed.phase).rounds += 1
             if check:
-                verdict = rectify_verdict(forget_loss, cfg["lethe-stop-loss"], None, None, cfg["lethe-max-retain-rise"])
+                verdict = rectify_verdict(forget_loss, guard.get("stop_loss", cfg["lethe-stop-loss"]), None, None,
+                                          cfg["lethe-max-retain-rise"])
                 if verdict in ("explode", "overshoot"):
                     log.warning("[lethe] guard: the last rectify step gives forget loss %.3g (%s): rolled back",
                                 forget_loss, verdict)
@@ -536,6 +563,47 @@ class Lethe(FedAvg, UnlearningMethod):
         return result
 
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
+        """Amplify, rectify and restore (:meth:`one_pass`); then, while the forget clients find the
+        restored model still knows the forget set (:meth:`still_known`), at most
+        ``lethe-verify-passes`` more passes, each from the model the last one left.
+
+        Ours (the paper runs one pass). Measured off the tuned seeds, the guards of one pass can end
+        it short of forgetting: a walk-back to a checkpoint that still classifies part of the class
+        (seed 14, 10 clients alpha 0.5, class: U-KR 0.216), restore undoing part of the forgetting
+        (seed 19, 10 clients, client: 0.408 against retrain's 0.014). The kept model is the last
+        pass's when its check passes, else the pass whose model predicts the least of the forget set
+        as its label (ties: the earlier). ``method.forget_checks`` holds each check, ``method.passes`` the
+        later passes' ``gamma_bounds`` and ``rectify_guard``, ``method.kept_pass`` the kept one."""
+        cfg = ctx.cfg
+        self.round_offset, self.later_pass = 0, False
+        arrays, details = self.one_pass(ctx)
+        models, checks = [arrays], []
+        while cfg["lethe-verify-passes"]:
+            check = self.still_known(ctx, arrays.to_torch_state_dict(), round_no=cfg["lethe-rectify-rounds"]
+                                     + cfg["lethe-restore-rounds"] + 2)
+            if check is None:
+                break
+            checks.append(check)
+            if not check["known"] or len(models) > cfg["lethe-verify-passes"]:
+                break
+            log.warning("[lethe] verify: the restored model still predicts %.3f of the forget set as its label "
+                        "(at most %.3f allowed): pass %d from it", check["forget_acc"], check["bound"],
+                        len(models) + 1)
+            self.round_offset += cfg["lethe-rectify-rounds"] + cfg["lethe-restore-rounds"] + 3
+            self.later_pass = True
+            arrays, more = self.one_pass(dataclasses.replace(ctx, original=ModelState(arrays)))
+            models.append(arrays)
+            details.setdefault("passes", []).append(more)
+        kept = len(models) - 1
+        if checks and len(checks) == len(models) and checks[-1]["known"]:
+            kept = min(range(len(models)), key=lambda i: (checks[i]["forget_acc"], i))
+        if checks:
+            details["forget_checks"], details["kept_pass"] = checks, kept + 1
+        return UnlearnResult(ModelState(models[kept]), details)
+
+    def one_pass(self, ctx: UnlearnContext) -> tuple[ArrayRecord, dict]:
+        """Lethe's Algorithm 1 once, from ``ctx.original``: the restored model and the pass's facts
+        (``adapter_final_loss``, ``gamma_bounds``, ``rectify_guard``)."""
         state, plugins, details = self.amplify(ctx)
         state, history, guard = self.rectify_rounds(ctx, state, plugins)
         unchecked = guard.pop("unchecked", None)
@@ -548,13 +616,44 @@ class Lethe(FedAvg, UnlearningMethod):
             arrays = ArrayRecord(base)
             if ctx.cfg["lethe-restore-rounds"]:
                 strategy = RoleFedAvg(ctx.fed, "retain", fraction_train=ctx.cfg["fraction-train"],
-                                      seed=ctx.cfg["seed"] + 2)
+                                      seed=ctx.cfg["seed"] + 2 + self.round_offset)
                 arrays = run_rounds(ctx.fed, strategy, arrays, rounds=ctx.cfg["lethe-restore-rounds"],
                                     config=ConfigRecord({"epochs": ctx.cfg["local-epochs"], "lr": ctx.cfg["lr"]}),
                                     label="lethe restore", method="lethe")
         details["gamma_bounds"] = history
         details["rectify_guard"] = guard
-        return UnlearnResult(ModelState(arrays), details)
+        return arrays, details
+
+    def still_known(self, ctx: UnlearnContext, state: State, round_no: int) -> dict | None:
+        """Does the restored ``state`` still know the forget set, as the forget clients measure it?
+
+        Class and sample scenarios: it predicts more than ``lethe-verify-forget-acc`` (0.02) of the
+        forget set as its label (measured: with the rectification stop's 0.05 here, 22 at 7 clients
+        alpha 0.1, class, kept 0.041, and 20 continued rounds brought it to 0.110). Client scenario (``lethe-stop-at-reference-client``): its share of the forget set
+        predicted as the target is above the share of the forget clients' clean test data predicted as
+        the target (what a model without the backdoor does) by more than a one-sided 95 % margin
+        (``VERIFY_Z`` standard errors of the difference of the two shares, pooled): the reference is
+        estimated on a few dozen test samples, and a smaller gap is not evidence of a backdoor left.
+        ``None`` (no check) where neither applies or the task reports no counts (LLM)."""
+        cfg = ctx.cfg
+        client = self._reference_on(cfg)
+        if scenario_setting(cfg, "lethe-stop-forget-acc") >= 1 and not client:
+            return None
+        limit = cfg["lethe-verify-forget-acc"]
+        counts = self._forget_counts(ctx, state, round_no)
+        if counts is None:
+            return None
+        n_forget, n_test = max(1, counts["forget-n"]), counts["test-n"]
+        acc = counts["forget-correct"] / n_forget
+        if client:
+            reference = counts["pred-target-n"] / n_test if n_test else 0.0
+            pooled = (counts["forget-correct"] + counts["pred-target-n"]) / (n_forget + n_test)
+            spread = 1 / n_forget + (1 / n_test if n_test else 0.0)
+            bound = reference + VERIFY_Z * math.sqrt(pooled * (1 - pooled) * spread)
+        else:
+            reference, bound = None, limit
+        return {"forget_acc": acc, "reference": reference, "bound": bound, "known": acc > bound,
+                "forget_n": counts["forget-n"], "test_n": n_test}
 
 
 RESTORE_FAILED = ("restore_rolled_back_round", "restore_refused_round")
@@ -619,10 +718,12 @@ def _backbone(state: State) -> State:
 class _Judge:
     """``rectify_verdict`` with the retained clients' reference: their losses in the first round,
     i.e. on the model rectification started from, kept per node so that a round in which some
-    client did not reply is compared with the same clients' reference."""
+    client did not reply is compared with the same clients' reference. ``relative`` (a verify
+    pass): the stop, and with it the overshoot bound, counts from the first round's forget loss,
+    since a model that already forgot most of the forget set starts past the absolute stop."""
 
-    def __init__(self, stop_loss: float, max_rise: float):
-        self.stop_loss, self.max_rise = stop_loss, max_rise
+    def __init__(self, stop_loss: float, max_rise: float, *, relative: bool = False):
+        self.stop_loss, self.max_rise, self.relative = stop_loss, max_rise, relative
         self.baseline: dict[int, float] = {}
         self.reference_loss: float | None = None
 
@@ -630,6 +731,8 @@ class _Judge:
         """``(verdict, retained loss)`` of one round's reports."""
         if first:
             self.baseline = {v["node"]: float(v["metrics"]["loss"]) for v in retain_views}
+            if self.relative and math.isfinite(forget_loss):
+                self.stop_loss += forget_loss
         now, then = _retain_losses(retain_views, self.baseline)
         if first:
             self.reference_loss = then

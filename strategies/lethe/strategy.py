@@ -579,6 +579,7 @@ class Lethe(FedAvg, UnlearningMethod):
         arrays, details = self.one_pass(ctx)
         models, checks = [arrays], []
         while cfg["lethe-verify-passes"]:
+            # numbered after restore's last round and the reports on its model
             check = self.still_known(ctx, arrays.to_torch_state_dict(), round_no=cfg["lethe-rectify-rounds"]
                                      + cfg["lethe-restore-rounds"] + 2)
             if check is None:
@@ -629,7 +630,8 @@ class Lethe(FedAvg, UnlearningMethod):
 
         Class and sample scenarios: it predicts more than ``lethe-verify-forget-acc`` (0.02) of the
         forget set as its label (measured: with the rectification stop's 0.05 here, 22 at 7 clients
-        alpha 0.1, class, kept 0.041, and 20 continued rounds brought it to 0.110). Client scenario (``lethe-stop-at-reference-client``): its share of the forget set
+        alpha 0.1, class, kept 0.041, and 20 continued rounds brought it to 0.110). Client scenario
+        (``lethe-stop-at-reference-client``): its share of the forget set
         predicted as the target is above the share of the forget clients' clean test data predicted as
         the target (what a model without the backdoor does) by more than a one-sided 95 % margin
         (``VERIFY_Z`` standard errors of the difference of the two shares, pooled): the reference is
@@ -639,7 +641,6 @@ class Lethe(FedAvg, UnlearningMethod):
         client = self._reference_on(cfg)
         if scenario_setting(cfg, "lethe-stop-forget-acc") >= 1 and not client:
             return None
-        limit = cfg["lethe-verify-forget-acc"]
         counts = self._forget_counts(ctx, state, round_no)
         if counts is None:
             return None
@@ -651,7 +652,7 @@ class Lethe(FedAvg, UnlearningMethod):
             spread = 1 / n_forget + (1 / n_test if n_test else 0.0)
             bound = reference + VERIFY_Z * math.sqrt(pooled * (1 - pooled) * spread)
         else:
-            reference, bound = None, limit
+            reference, bound = None, cfg["lethe-verify-forget-acc"]
         return {"forget_acc": acc, "reference": reference, "bound": bound, "known": acc > bound,
                 "forget_n": counts["forget-n"], "test_n": n_test}
 

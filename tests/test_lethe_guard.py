@@ -86,7 +86,7 @@ def rectify(script, rounds=5, forget_delta=-1.0, start=0.0, retain_delta=1.0, fo
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
     lethe = ScriptedLethe(script, forget_delta, retain_delta, forget_accs)
-    lethe.later_pass = later_pass
+    lethe.round_offset = 100 if later_pass else 0  # a later pass: its rounds numbered after the first's
     state = {"lin.weight": torch.full((2, 2), start), "lin.bias": torch.full((2,), start)}
     final, history, guard = lethe.rectify_rounds(ctx, state, [])
     guard.pop("checkpoints")  # restore's (the states before each applied step)

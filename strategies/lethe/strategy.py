@@ -121,7 +121,11 @@ class Lethe(FedAvg, UnlearningMethod):
         super().__init__(fraction_train=1.0, fraction_evaluate=0.0, weighted_by_key="num-examples",
                          arrayrecord_key="arrays", configrecord_key="config")
         self.round_offset = 0  # added to every round number of a pass: a later pass gets its own seeds
-        self.later_pass = False  # a verify pass (see unlearn): its loss stop counts from its start
+
+    @property
+    def later_pass(self) -> bool:
+        """A verify pass (see :meth:`unlearn`): its loss stop counts from its start."""
+        return self.round_offset > 0
 
     def _streams(self, ctx: UnlearnContext, state: State, plugins: list[dict], *, round_no: int,
                  stop_loss: float | None = None, **config) -> tuple[list, list, float]:
@@ -575,7 +579,7 @@ class Lethe(FedAvg, UnlearningMethod):
         as its label (ties: the earlier). ``method.forget_checks`` holds each check, ``method.passes`` the
         later passes' ``gamma_bounds`` and ``rectify_guard``, ``method.kept_pass`` the kept one."""
         cfg = ctx.cfg
-        self.round_offset, self.later_pass = 0, False
+        self.round_offset = 0
         arrays, details = self.one_pass(ctx)
         models, checks = [arrays], []
         while cfg["lethe-verify-passes"]:
@@ -591,12 +595,11 @@ class Lethe(FedAvg, UnlearningMethod):
                         "(at most %.3f allowed): pass %d from it", check["forget_acc"], check["bound"],
                         len(models) + 1)
             self.round_offset += cfg["lethe-rectify-rounds"] + cfg["lethe-restore-rounds"] + 3
-            self.later_pass = True
             arrays, more = self.one_pass(dataclasses.replace(ctx, original=ModelState(arrays)))
             models.append(arrays)
             details.setdefault("passes", []).append(more)
         kept = len(models) - 1
-        if checks and len(checks) == len(models) and checks[-1]["known"]:
+        if checks and checks[-1]["known"]:  # every model was checked: pick the one that knows least
             kept = min(range(len(models)), key=lambda i: (checks[i]["forget_acc"], i))
         if checks:
             details["forget_checks"], details["kept_pass"] = checks, kept + 1

@@ -13,6 +13,9 @@ in one run, ``--repeats`` times (median shown):
   built without recomputing the partition (no flwr-datasets import);
 - ``now, later messages``: lazy imports, the view read from the node cache (every message after
   a node's first);
+- ``now, a prepared node's first message``: ``python -m client_app.prepare`` ran first with the
+  node's config (what an operator, or ``scripts/launch_federation.py``, runs before a run), so the
+  first message reads the view it stored;
 - ``now, own files (data-path), first message``: a node that reads its own ``train.npz`` /
   ``test.npz`` (a real deployment; no partition of a shared pool, so no flwr-datasets), empty cache;
 - ``--base PATH``: also the real code of an older checkout at PATH (its own imports and views).
@@ -95,12 +98,20 @@ def main() -> None:
             seconds([HELLO, "lazy", folder, "class"], ROOT)  # an earlier request on this node
             return seconds([HELLO, "lazy", folder], ROOT)
 
+        def prepared() -> float:
+            folder = fresh_cache()
+            subprocess.run([sys.executable, "-m", "client_app.prepare", "--node-config",
+                            f"partition-id=0 num-partitions=10 view-cache-dir='{folder}'"],
+                           cwd=ROOT, capture_output=True, check=True)
+            return seconds([HELLO, "lazy", folder], ROOT)
+
         variants = {
             "torch+flwr": lambda: seconds([FLOOR], ROOT),
             "before": lambda: seconds([HELLO, "eager-llm", fresh_cache()], ROOT),
             "now, first message": lambda: seconds([HELLO, "lazy", fresh_cache()], ROOT),
             "now, a new request's first message": new_request,
             "now, later messages": lambda: seconds([HELLO, "lazy", warm], ROOT),
+            "now, a prepared node's first message": prepared,
             # the class scenario: a data-path federation names its forget client, the default (-1) needs the pool
             "now, own files (data-path), first message": lambda: seconds([HELLO, "lazy", fresh_cache(), "class", own],
                                                                          ROOT),

@@ -46,7 +46,7 @@ def _own_data_id(node: dict) -> int:
     return _int(node, "partition-id")
 
 
-def _source(node: dict) -> dict:
+def data_source(node: dict) -> dict:
     """Where this node's data comes from, checked: ``partition-id`` + ``num-partitions`` of the shared
     pool, or its own ``data-path`` (with ``partition-id`` as its client id)."""
     if "data-path" in node:
@@ -59,16 +59,21 @@ def _source(node: dict) -> dict:
 @lru_cache(maxsize=4)
 def _view(frozen_config: tuple, frozen_node: tuple):
     run, node = dict(frozen_config), dict(frozen_node)
-    source = _source(node)
+    source = data_source(node)
     cfg = parse_config(run, num_clients=source.get("num-partitions"))
     key, build = cfg.task.client_view(cfg, source)
     partition.use_store(PartitionFiles(cache_folder(node)))  # a new request over the same partition skips it
     return cfg, (cached_view(cache_folder(node), key, build) if key is not None else build())
 
 
+def client_view_of(run_config: dict, node_config: dict):
+    """(config, the data view) of the node with ``node_config`` in the run with ``run_config``."""
+    return _view(tuple(sorted(run_config.items())), tuple(sorted(node_config.items())))
+
+
 def client_view(context: Context):
     """(config, this client's data view) for the current run."""
-    return _view(tuple(sorted(context.run_config.items())), tuple(sorted(context.node_config.items())))
+    return client_view_of(context.run_config, context.node_config)
 
 
 def round_seed(cfg: Config, conf, client_id: int) -> int:

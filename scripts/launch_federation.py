@@ -12,10 +12,13 @@ What it does, in a fresh temporary folder (``--workdir`` keeps it):
 4. ``--nodes`` ``flower-supernode`` processes (``partition-id=i num-partitions=N``, or
    ``data-path=<folder>/<i>`` with ``--data-root``), each with its own ``FLWR_HOME`` and runtime port,
    waited for until all are online;
-5. ``flwr run . <connection> --run-config ... --stream``; the ServerApp's line
+5. before each run, ``python -m client_app.prepare`` for every node with the run's config, all at
+   once (``prepare=False`` / ``--no-prepare`` skips it): each node's data is checked and its view
+   stored, so the run's first message does not compute the partition;
+6. ``flwr run . <connection> --run-config ... --stream``; the ServerApp's line
    ``fedunlearn results folder: ...`` gives the results; the run's status is polled with
    ``flwr ls <connection> --format=json`` until it is finished;
-6. every process stopped by its process group (each child starts in its own), also on failure,
+7. every process stopped by its process group (each child starts in its own), also on failure,
    Ctrl-C or SIGTERM.
 
     python scripts/launch_federation.py --nodes 3 --run-config "method='fedup' scenario='class'"
@@ -149,13 +152,15 @@ class LocalFederation:
     """
 
     def __init__(self, workdir: Path, num_nodes: int, node_config: Callable[[int], str] | None = None,
-                 max_wait: float = 120.0):
+                 max_wait: float = 120.0, prepare: bool = True):
         if num_nodes < 2:
             raise ValueError(f"--nodes={num_nodes}: a federation needs at least 2 SuperNodes")
         self.workdir = Path(workdir)
         self.num_nodes = num_nodes
         self.node_config = node_config or (lambda i: f"partition-id={i} num-partitions={num_nodes}")
         self.max_wait = max_wait
+        self.prepare = prepare
+        self.node_configs: dict[str, str] = {}
         self.home = self.workdir / "flwr-home"
         self.env = {**os.environ, "FLWR_HOME": str(self.home)}
         self.port = free_port()
@@ -283,6 +288,7 @@ class LocalFederation:
             self.flwr("supernode", "register", str(key.with_suffix(".pub")), CONNECTION)
         node_home = self.workdir / name
         config = f"{self.node_config(index)} view-cache-dir=\"{node_home / 'views'}\""
+        self.node_configs[name] = config
         return self._spawn(name, [str(BIN / "flower-supernode"), "--superlink", self.address,
                                   "--root-certificates", str(self.certs["ca"]),
                                   "--auth-supernode-private-key", str(key), "--node-config", config,
@@ -291,10 +297,38 @@ class LocalFederation:
                                 "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": SUPEREXEC_POLL})
 
     # --- a run ----------------------------------------------------------------------------
+    def prepare_nodes(self, run_config: str, timeout: float = 600.0) -> dict[str, str]:
+        """``python -m client_app.prepare`` for every running SuperNode, all at once, with the run's
+        config: each node's data is checked and its view stored in its view cache. Returns each
+        node's last line. A node whose data fails here still takes part: its first reply carries
+        the same one-line error, which the server reports by node and phase."""
+        env = {**self.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        started = {}
+        for name, config in self.node_configs.items():
+            if self.processes[name].poll() is None:
+                argv = [sys.executable, "-m", "client_app.prepare", "--node-config", config]
+                started[name] = self._spawn(f"prepare-{name}", argv + (["--run-config", run_config] if run_config else []),
+                                            env=env)
+        deadline = time.monotonic() + timeout
+        lines = {}
+        for name, proc in started.items():
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill(f"prepare-{name}")
+            tail = self.log_of(f"prepare-{name}").strip().splitlines()
+            lines[name] = tail[-1] if tail else f"prepare exited with {proc.returncode}"
+        return lines
+
     def run(self, run_config: str, *, on_line: Callable[[str], None] | None = None,
             timeout: float = 1800.0) -> RunResult:
-        """``flwr run . <connection> --run-config ... --stream``, then the status polled until finished."""
+        """The nodes prepared (unless ``prepare`` is off), then ``flwr run . <connection> --run-config ...
+        --stream``, then the status polled until finished."""
         deadline = time.monotonic() + timeout
+        if self.prepare:
+            for name, line in self.prepare_nodes(run_config, timeout).items():
+                if on_line:
+                    on_line(f"{name}: {line}\n")
         argv = [str(BIN / "flwr"), "run", ".", CONNECTION, "--stream"] + (["--run-config", run_config] if run_config else [])
         lines, run_id, folder = [], None, None
         proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -382,6 +416,9 @@ def main() -> int:
                              "image folders, tasks/node_data.py; llm-tofu: TOFU-format full.json ..., "
                              "tasks/llm/node_data.py)")
     parser.add_argument("--workdir", type=Path, help="keep certificates, keys and logs here (default: a temporary folder, removed)")
+    parser.add_argument("--no-prepare", action="store_true",
+                        help="do not run client_app.prepare for each node before the run (its first message then "
+                             "builds the node's view)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take")
     parser.add_argument("--stop-local-superlink", action="store_true",
                         help="only stop the local SuperLink that `flwr run` started for FLWR_HOME (default ~/.flwr)")
@@ -399,7 +436,7 @@ def main() -> int:
         node_config = lambda i: f'data-path="{root / str(i)}" partition-id={i}'  # noqa: E731
     signal.signal(signal.SIGTERM, _raise_on_signal)
     try:
-        with LocalFederation(workdir, args.nodes, node_config) as federation:
+        with LocalFederation(workdir, args.nodes, node_config, prepare=not args.no_prepare) as federation:
             print(f"SuperLink {federation.address} with {args.nodes} SuperNodes (TLS, node auth); "
                   f"processes {federation.pids()}; logs in {workdir / 'logs'}", flush=True)
             result = federation.run(args.run_config, on_line=lambda line: print(line, end="", flush=True),

@@ -420,27 +420,28 @@ class PassScriptedLethe(Lethe):
     """Lethe whose passes and forget-client evaluations are scripted: pass k returns a model whose
     weights are all k, and each check returns the next scripted counts."""
 
-    def __init__(self, counts):
+    def __init__(self, counts, guards=()):
         super().__init__()
-        self.counts, self.starts, self.offsets = list(counts), [], []
+        self.counts, self.guards, self.starts, self.offsets = list(counts), list(guards), [], []
 
     def one_pass(self, ctx):
         self.starts.append(float(ctx.original.arrays.to_torch_state_dict()["lin.weight"][0, 0]))
         self.offsets.append(self.round_offset)
         k = len(self.starts)
-        return ArrayRecord({"lin.weight": torch.full((2, 2), float(k))}), {"gamma_bounds": [k], "rectify_guard": {}}
+        guard = self.guards.pop(0) if self.guards else {}
+        return ArrayRecord({"lin.weight": torch.full((2, 2), float(k))}), {"gamma_bounds": [k], "rectify_guard": guard}
 
     def _forget_counts(self, ctx, state, round_no):
         return self.counts.pop(0)
 
 
-def verified(counts, scenario="class", **overrides):
+def verified(counts, scenario="class", guards=(), **overrides):
     from strategies.common.base import ModelState
 
     cfg = parse_config({"method": "lethe", "scenario": scenario, "poison": "backdoor", **overrides})
     ctx = UnlearnContext(None, cfg, ModelState(ArrayRecord({"lin.weight": torch.zeros(2, 2)})),
                          model_factory=lambda plugins: Linear(), retrain=None)
-    lethe = PassScriptedLethe(counts)
+    lethe = PassScriptedLethe(counts, guards)
     result = lethe.unlearn(ctx)
     return float(result.model.arrays.to_torch_state_dict()["lin.weight"][0, 0]), result.details, lethe
 
@@ -454,8 +455,24 @@ def test_a_restored_model_that_still_knows_the_forget_set_gets_another_pass_from
     weight, details, lethe = verified([counts(20), counts(1)])
     assert weight == 2.0 and details["kept_pass"] == 2 and lethe.starts == [0.0, 1.0]
     assert [c["known"] for c in details["forget_checks"]] == [True, False]
-    assert details["gamma_bounds"] == [1] and details["passes"] == [{"gamma_bounds": [2], "rectify_guard": {}}]
+    assert details["gamma_bounds"] == [1] and details["passes"] == [
+        {"gamma_bounds": [2], "rectify_guard": {}, "utility": {"retain_loss": None, "bound": None, "broken": False}}]
     assert lethe.offsets[0] == 0 and lethe.offsets[1] > 10 + 5 + 2  # pass 2's rounds (seeds) are its own
+
+
+@pytest.mark.parametrize("pass2_loss, kept", [(2.33, 1), (0.4, 2)])
+def test_a_later_pass_that_broke_utility_is_never_kept(pass2_loss, kept):
+    # the retained clients' loss: 0.016 on the original; pass 2's restore keeps a model they rate at
+    # pass2_loss; lethe-max-retain-rise 0.5 => bound 0.516 (seed 26, 7 clients alpha 0.1, class: 2.33)
+    guards = [{"baseline_retain_loss": 0.016, "restore_losses": [0.3, 0.04], "restore_kept": 1},
+              {"baseline_retain_loss": 0.014, "restore_losses": [0.25, 3.7, pass2_loss], "restore_kept": 2}]
+    weight, details, lethe = verified([counts(86), counts(0)], guards=guards, **{"lethe-verify-passes": 2})
+    utility = details["passes"][0]["utility"]
+    assert utility["retain_loss"] == pass2_loss and utility["bound"] == pytest.approx(0.516)
+    assert utility["broken"] is (kept == 1)
+    assert weight == float(kept) and details["kept_pass"] == kept
+    assert len(lethe.starts) == 2  # a broken pass ends the passes, though more were allowed
+    assert len(details["forget_checks"]) == (1 if kept == 1 else 2)
 
 
 def test_a_first_pass_that_forgot_is_kept_and_checked_once():

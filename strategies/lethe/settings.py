@@ -82,7 +82,8 @@ SETTINGS: tuple[Setting, ...] = (
         "adapter) reaches this; inf = always lethe-rectify-rounds", positive(), allow_inf=True),
     setting("lethe-max-retain-rise", float, 0.5,
         "rectification guard: a step after which the retained clients' reported loss is more than this many "
-        "nats above their loss on the starting model is rolled back (and rectification stops)", positive()),
+        "nats above their loss on the starting model is rolled back (and rectification stops); a later verify pass "
+        "whose restored model they rate this much worse than the original is not kept", positive()),
     setting("lethe-restore-rounds", int, 5, "utility-recovery rounds after the adapter is dropped", at_least(0)),
     setting("lethe-restore-mode", str, "rectified",
         "fedavg: FedAvg on retained clients (paper); rectified: forget clients also train and the "

@@ -13,7 +13,7 @@ forget/retain/test view — and stores it in the node's view cache (``view-cache
   to the server in its first reply, before anyone starts a run.
 - **The first message is as fast as every later one.** Flower starts a fresh ClientApp process
   for every message; computing a demo node's partition imports flwr-datasets and Hugging Face
-  ``datasets`` (about 3 s on a 2-core machine), which otherwise lands on that node's first
+  ``datasets`` (3–4 s on a 2-core machine), which otherwise lands on that node's first
   message of its first run.
 
 The run config is Flower's own fusion (``flwr.common.config``) of this checkout's
@@ -65,7 +65,7 @@ def prepare(node_config: str, run_config: str = "") -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--node-config", required=True, help="the SuperNode's --node-config, e.g. "
-                        "\"partition-id=0 num-partitions=3\" or \"data-path=/data/node0 partition-id=0\"")
+                        "\"partition-id=0 num-partitions=3\" or \"data-path='/data/node0' partition-id=0\" (TOML: quote paths)")
     parser.add_argument("--run-config", default="", help="the run's overrides, as for flwr run --run-config")
     args = parser.parse_args(argv)
     try:

@@ -18,7 +18,8 @@ loss-before-bypass, keep-model-as) -> arrays + num-examples/loss (+ ``loss-befor
 kinds in ``loss-before-bypass`` bypassed; ``epochs`` 0 reports without training);
 role ``forget+retain`` -> the same per role under ``arrays.<role>`` / ``metrics.<role>`` (one
 download, two uploads); ``evaluate`` -> local metrics with counts (config ``features``: plus a
-sample of penultimate features for the diagnostics); ``query.<name>`` for every query a method
+sample of penultimate features for the diagnostics; config ``models``: several models in one
+message, ``arrays.<name>`` / ``config.<name>`` -> ``metrics.<name>`` / ``features.<name>``); ``query.<name>`` for every query a method
 registered (``python -m strategies.registry`` lists them); a query whose config names
 ``kept-model`` receives what this client kept from that original's pretraining
 (``client_app.kept_models``) as ``conf["kept-local-model"]`` (None when it kept nothing). Every query,
@@ -114,15 +115,33 @@ def _train_role(content: RecordDict, context: Context, role: str) -> RecordDict:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    """Local metrics of the received model (sums and counts the server pools)."""
+    """Local metrics of the received model (sums and counts the server pools).
+
+    A message whose ``config`` names ``models`` (comma-separated) carries several models, each as
+    ``arrays.<name>`` with its own ``config.<name>``; the reply holds ``metrics.<name>`` (and
+    ``features.<name>``) for each: one process start on a real node for all of them."""
     cfg, data = client_view(context)
-    conf = dict(msg.content["config"])
-    model = load_model(cfg, msg.content["arrays"], str(conf.get("plugins", "")))
+    names = str(msg.content["config"].get("models", ""))
+    if not names:
+        return Message(RecordDict(_evaluate_one(cfg, data, msg.content["arrays"], msg.content["config"])),
+                       reply_to=msg)
+    content = RecordDict()
+    for name in names.split(","):
+        part = _evaluate_one(cfg, data, msg.content[f"arrays.{name}"], msg.content[f"config.{name}"])
+        for key, record in part.items():
+            content[f"{key}.{name}"] = record
+    return Message(content, reply_to=msg)
+
+
+def _evaluate_one(cfg, data, arrays: ArrayRecord, config) -> dict:
+    """One model's local metrics (``metrics``) and, if asked, its feature sample (``features``)."""
+    conf = dict(config)
+    model = load_model(cfg, arrays, str(conf.get("plugins", "")))
     metrics, features = cfg.task.evaluate(cfg, data, model, conf)
     content = {"metrics": MetricRecord(metrics)}
     if features is not None:
         content["features"] = ArrayRecord(features)
-    return Message(RecordDict(content), reply_to=msg)
+    return content
 
 
 def _records(reply: dict) -> RecordDict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 
 import torch
 from flwr.app import Context
@@ -33,12 +34,22 @@ def _setup_logging() -> None:
         log.propagate = False
 
 
+def _import_dynamo() -> None:
+    """Import ``torch._dynamo`` (2-3 CPU-seconds). Every ``torch.optim`` optimizer's ``step`` imports
+    it on its first call, and a ServerApp is a fresh process per run: without this, FedUP's filter
+    training paid it inside the unlearning phase (measured: 2.3 s for a first filter training in a
+    fresh process against 0.4 s for the next). Run in a thread at start, it overlaps with the hello
+    round's wait for the nodes; an optimizer that starts earlier waits for the same import."""
+    import torch._dynamo  # noqa: F401
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Validate the whole run config before any work, then run the phases; a run that stops logs
     its one-line reason and fails (see :class:`RunFailed`)."""
     _setup_logging()
     torch.set_num_threads(1)
+    threading.Thread(target=_import_dynamo, name="import-torch-dynamo", daemon=True).start()
     try:
         cfg = parse_config(context.run_config)
         fed = Federation(grid, round_timeout=cfg["round-timeout"], min_reply_fraction=cfg["min-reply-fraction"])

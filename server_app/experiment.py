@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from server_app import cache, history
 from server_app.atomic import folder_problem
-from server_app.evaluation import evaluate_model
+from server_app.evaluation import evaluate_model, evaluate_models
 from server_app.report import append_csv, package_versions, plot_kr_curve, run_folder, write_results
 from strategies.common.base import ModelState, UnlearnContext
 from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds
@@ -256,31 +256,33 @@ class Experiment:
                 self.built_cost[result.built][k] for k in ("seconds", "rounds", "bytes_up", "bytes_down"))
         self.say(f"unlearn done in {cost.seconds:.1f}s, {cost.bytes_up + cost.bytes_down} bytes")
 
-        self.say("evaluate: original, unlearned and retrain models")
-        feats = {name: {} if self.cfg["diagnostic-samples"] else None for name in ("original", "retrain", "unlearned")}
-        models = {"original": evaluate_model(self.fed, self.cfg, original, feats["original"]),
-                  "unlearned": evaluate_model(self.fed, self.cfg, result.model, feats["unlearned"])}
         retrain = self.retrain()
         require_finite(retrain.arrays, phase="retrain", round_no=self.cfg.rounds_of_retrain, method="retrain")
-        if result.built == "retrain":  # the unlearned model is the retrain model: evaluated once
+        final = {"original": original, "unlearned": result.model}
+        if result.built != "retrain":  # else the unlearned model is the retrain model: evaluated once
+            final["retrain"] = retrain
+        if self.method.reversible:
+            self.say("restore: unplugging")
+            self.fed.start_phase("restore")
+            final["restored"] = self.method.restore(result.model, ctx)
+        self.say(f"evaluate: {', '.join(final)} models, in one round")
+        feats = {name: {} if self.cfg["diagnostic-samples"] else None for name in ("original", "retrain", "unlearned")}
+        models = evaluate_models(self.fed, self.cfg, final, feats)
+        retrain_entry = models.pop("retrain", None)
+        if retrain_entry is None:
             retrain_entry = copy.deepcopy(models["unlearned"])
             if feats["retrain"] is not None:
                 feats["retrain"].update(feats["unlearned"])
-        else:
-            retrain_entry = evaluate_model(self.fed, self.cfg, retrain, feats["retrain"])
+        restored = models.pop("restored", None)
         kr_retrain = retrain_entry["forget_acc"]
 
         self.say(f"continue: {self.cfg['continue-rounds']} rounds on retained data")
         models["continued"], curve, states, diverged_at = self.continue_training(result.model)
         rollback = rollback_tendency(original.arrays.to_torch_state_dict(),
                                      result.model.arrays.to_torch_state_dict(), states) if states else []
-
-        if self.method.reversible:
-            self.say("restore: unplugging")
-            self.fed.start_phase("restore")
-            restored = self.method.restore(result.model, ctx)
-            models["restored"] = evaluate_model(self.fed, self.cfg, restored)
-            models["restored"]["equals_original"] = _same_model(restored, original)
+        if restored is not None:
+            models["restored"] = restored
+            models["restored"]["equals_original"] = _same_model(final["restored"], original)
         self.cfg.task.finish_entries(list(models.values()), retrain_entry)
 
         resurfacing = resurfacing_summary(kr_original=models["original"]["forget_acc"],

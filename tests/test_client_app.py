@@ -87,6 +87,23 @@ def test_evaluate_returns_counts_and_confidences():
     assert 0 < len(metrics["conf-forget"]) <= 20
 
 
+def test_one_evaluate_message_for_several_models_gives_each_models_own_metrics():
+    first = ArrayRecord(task_for("digits-lenet5").build_model([], seed=0).state_dict())
+    second = ArrayRecord(task_for("digits-lenet5").build_model([], seed=1).state_dict())
+    content = RecordDict({"config": ConfigRecord({"models": "a,b"}),
+                          "arrays.a": first, "config.a": ConfigRecord({"features": True}),
+                          "arrays.b": second, "config.b": ConfigRecord({"features": False})})
+    InProcessGrid(4, RUN)
+    both = app(Message(content, dst_node_id=7, message_type="evaluate"), _context(pid=1)).content
+    assert set(both.keys()) == {"metrics.a", "features.a", "metrics.b"}
+    alone_a = app(_message("evaluate", first, features=True), _context(pid=1)).content
+    alone_b = app(_message("evaluate", second), _context(pid=1)).content
+    assert dict(both["metrics.a"]) == dict(alone_a["metrics"])
+    assert dict(both["metrics.b"]) == dict(alone_b["metrics"]) != dict(alone_a["metrics"])
+    sample, alone = both["features.a"].to_torch_state_dict(), alone_a["features"].to_torch_state_dict()
+    assert sample.keys() == alone.keys() and all(torch.equal(sample[k], alone[k]) for k in sample)
+
+
 def test_missing_partition_in_node_config_is_a_clear_error():
     context = Context(run_id=1, node_id=7, state=RecordDict(), run_config=RUN, node_config={})
     with pytest.raises(ValueError, match="partition-id"):

@@ -92,6 +92,9 @@ def test_fedup_is_one_round_and_restores_exactly(tmp_path):
     assert restored["equals_original"] is True
     assert {k: v for k, v in restored.items() if k != "equals_original"} == results["models"]["original"]
     assert results["method"]["privacy"]["clients"]
+    # original, unlearned, retrain and restored models in one evaluate round, then one per continued round
+    assert results["cost"]["evaluate"]["rounds"] == 1 + TINY["continue-rounds"]
+    assert grid.sent_types.count("evaluate") == 4 * (1 + TINY["continue-rounds"])
 
 
 def test_lethe_runs_its_three_phases(tmp_path):

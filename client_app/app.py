@@ -19,9 +19,9 @@ kinds in ``loss-before-bypass`` bypassed; ``epochs`` 0 reports without training)
 role ``forget+retain`` -> the same per role under ``arrays.<role>`` / ``metrics.<role>`` (one
 download, two uploads); ``evaluate`` -> local metrics with counts (config ``features``: plus a
 sample of penultimate features for the diagnostics; config ``models``: several models in one
-message, ``arrays.<name>`` / ``config.<name>`` -> ``metrics.<name>`` / ``features.<name>``); ``query.<name>`` for every query a method
-registered (``python -m strategies.registry`` lists them); a query whose config names
-``kept-model`` receives what this client kept from that original's pretraining
+message, ``arrays.<name>`` / ``config.<name>`` -> ``metrics.<name>`` / ``features.<name>``);
+``query.<name>`` for every query a method registered (``python -m strategies.registry`` lists
+them); a query whose config names ``kept-model`` receives what this client kept from that original's pretraining
 (``client_app.kept_models``) as ``conf["kept-local-model"]`` (None when it kept nothing). Every query,
 and every objective marked ``wants_client_data`` (it then also receives ``data=``, the client's view),
 gets ``conf["state-folder"]``: this node's own folder for what it keeps (``client_app.kept_models.folder``);

@@ -122,14 +122,13 @@ def evaluate(msg: Message, context: Context) -> Message:
     ``features.<name>``) for each: one process start on a real node for all of them."""
     cfg, data = client_view(context)
     names = str(msg.content["config"].get("models", ""))
-    if not names:
-        return Message(RecordDict(_evaluate_one(cfg, data, msg.content["arrays"], msg.content["config"])),
-                       reply_to=msg)
+    # one model: plain ``arrays`` / ``config`` in, ``metrics`` / ``features`` out
+    suffixes = [f".{name}" for name in names.split(",")] if names else [""]
     content = RecordDict()
-    for name in names.split(","):
-        part = _evaluate_one(cfg, data, msg.content[f"arrays.{name}"], msg.content[f"config.{name}"])
+    for suffix in suffixes:
+        part = _evaluate_one(cfg, data, msg.content[f"arrays{suffix}"], msg.content[f"config{suffix}"])
         for key, record in part.items():
-            content[f"{key}.{name}"] = record
+            content[f"{key}{suffix}"] = record
     return Message(content, reply_to=msg)
 
 

@@ -52,10 +52,10 @@ def evaluate_models(fed: Federation, cfg: Config, models: dict[str, ModelState],
             per_client = [dict(reply.content[f"metrics.{name}"]) for reply in replies]
             wanted = features.get(name)
             if wanted is not None:
+                samples = [r.content[f"features.{name}"].to_torch_state_dict() for r in replies
+                           if f"features.{name}" in r.content]
                 for part in ("retain", "forget"):
-                    pieces = [r.content[f"features.{name}"].to_torch_state_dict()[part] for r in replies
-                              if f"features.{name}" in r.content]
-                    wanted[part] = torch.cat(pieces) if pieces else torch.zeros(0)
+                    wanted[part] = torch.cat([s[part] for s in samples]) if samples else torch.zeros(0)
             entries[name] = cfg.task.pool_metrics(cfg, per_client)
         return entries
     finally:

@@ -273,7 +273,9 @@ class Experiment:
             retrain_entry = copy.deepcopy(models["unlearned"])
             if feats["retrain"] is not None:
                 feats["retrain"].update(feats["unlearned"])
-        restored = models.pop("restored", None)
+        restored = models.pop("restored", None)  # put back after the continued model (the results order)
+        if restored is not None:
+            restored["equals_original"] = _same_model(final["restored"], original)
         kr_retrain = retrain_entry["forget_acc"]
 
         self.say(f"continue: {self.cfg['continue-rounds']} rounds on retained data")
@@ -282,7 +284,6 @@ class Experiment:
                                      result.model.arrays.to_torch_state_dict(), states) if states else []
         if restored is not None:
             models["restored"] = restored
-            models["restored"]["equals_original"] = _same_model(final["restored"], original)
         self.cfg.task.finish_entries(list(models.values()), retrain_entry)
 
         resurfacing = resurfacing_summary(kr_original=models["original"]["forget_acc"],

@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-from launch_federation import LocalFederation, free_port, stop_local_superlink  # noqa: E402
+from launch_federation import LocalFederation, LocalSimulation  # noqa: E402
 
 # The default pretraining (trained once in process, then cached), so the request is answered on a
 # usable original; one continued round keeps the run short.
@@ -56,17 +54,12 @@ def deployment(run_config: str, clients: int, work: Path) -> tuple[dict, float]:
 
 
 def simulation(run_config: str, clients: int, work: Path) -> tuple[dict, float]:
-    home = work / "sim-flwr-home"
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()), "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
-    started = time.perf_counter()
-    try:
-        proc = subprocess.run([str(Path(sys.executable).with_name("flwr")), "run", ".", "--stream",
-                               "--federation-config", f"num-supernodes={clients} client-resources-num-cpus=1",
-                               "--run-config", run_config], cwd=ROOT, env=env, capture_output=True, text=True)
-    finally:
-        stop_local_superlink(home)
-    seconds = time.perf_counter() - started
+    with LocalSimulation(work / "sim-flwr-home") as local:
+        started = time.perf_counter()
+        proc = local.flwr("run", ".", "--stream", "--federation-config",
+                          f"num-supernodes={clients} client-resources-num-cpus=1", "--run-config", run_config,
+                          timeout=3600)
+        seconds = time.perf_counter() - started
     match = re.search(r"fedunlearn results folder: (\S+)", proc.stdout + proc.stderr)
     if not match:
         raise SystemExit(f"simulation run failed: {(proc.stdout + proc.stderr)[-2000:]}")

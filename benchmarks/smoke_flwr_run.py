@@ -12,7 +12,6 @@ Each run uses its own Flower home and free local ports, and stops the SuperLink 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -24,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from launch_federation import free_port, stop_local_superlink  # noqa: E402
+from launch_federation import LocalSimulation  # noqa: E402
 from strategies.registry import all_methods  # noqa: E402
 
 TASK_OF_KIND = {"vision": "digits-lenet5", "llm": "llm-tofu"}
@@ -32,21 +31,16 @@ TASK_OF_KIND = {"vision": "digits-lenet5", "llm": "llm-tofu"}
 
 def smoke_run(method: str, task: str, scenario: str, supernodes: int, folder: Path) -> tuple[float, bool, str]:
     """(seconds, finished with a results folder, last log line) of one smoke ``flwr run``."""
-    home = folder / "flwr-home"
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()), "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
     run_config = (f"smoke=true task='{task}' method='{method}' scenario='{scenario}' cache-dir='{folder / 'cache'}' "
                   f"outputs-dir='{folder / 'out'}'")
     started = time.perf_counter()
     try:
-        proc = subprocess.run([str(Path(sys.executable).with_name("flwr")), "run", ".", "--stream", "--federation-config",
-                               f"num-supernodes={supernodes} client-resources-num-cpus=1", "--run-config", run_config],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        with LocalSimulation(folder / "flwr-home") as simulation:
+            proc = simulation.flwr("run", ".", "--stream", "--federation-config",
+                                   f"num-supernodes={supernodes} client-resources-num-cpus=1", "--run-config", run_config)
         log = proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as err:
         log = f"timed out after {err.timeout}s"
-    finally:
-        stop_local_superlink(home)
     seconds = time.perf_counter() - started
     done = re.search(r"fedunlearn results folder: (\S+)", log) is not None
     return seconds, done, (log.strip().splitlines() or [""])[-1][:120]

@@ -359,6 +359,70 @@ class LocalFederation:
             time.sleep(1.0)
 
 
+class LocalSimulation:
+    """``flwr run .`` on Flower's managed local SuperLink (Ray simulation), in its own ``FLWR_HOME`` and
+    on free ports, so it runs whatever else is up; the SuperLink is stopped by its pid on exit.
+
+    The SuperLink is started here, with the command line ``flwr run`` uses for its managed one
+    (``flwr/cli/local_superlink.py``), and waited for up to ``startup_timeout`` seconds; ``flwr run``
+    then finds it healthy and uses it. Flower's own start waits 15 s and then kills it, which a
+    two-core CI machine busy with other tests exceeds (the run then fails before it starts).
+    """
+
+    def __init__(self, flwr_home: Path, startup_timeout: float = 120.0):
+        self.home = Path(flwr_home)
+        self.startup_timeout = startup_timeout
+        self.port = free_port()
+        self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+                    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.port),
+                    "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "LocalSimulation":
+        runtime = self.home / "local-superlink"
+        runtime.mkdir(parents=True, exist_ok=True)
+        argv = [str(BIN / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+                "--control-api-address", f"127.0.0.1:{self.env['FLWR_LOCAL_CONTROL_API_PORT']}",
+                "--host", "127.0.0.1", "--port", str(self.port), "--log-file", str(runtime / "superlink.log"),
+                "--database", str(runtime / "state.db")]
+        self.process = subprocess.Popen(argv, env={**self.env, "FLWR_DISABLE_UPDATE_CHECK": "1"},
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self._wait_healthy(runtime / "superlink.log")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _wait_healthy(self, log: Path) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the local flower-superlink exited with {self.process.returncode}; "
+                                   f"log: {log.read_text(errors='replace')[-1500:] if log.exists() else ''}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"the local flower-superlink was not healthy within {self.startup_timeout:.0f}s")
+
+    def flwr(self, *args: str, timeout: float = 600.0) -> subprocess.CompletedProcess:
+        """``flwr ARGS`` from the app's folder against this SuperLink (raises TimeoutExpired)."""
+        return subprocess.run([str(BIN / "flwr"), *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def __exit__(self, *exc) -> None:
+        stop_local_superlink(self.home)
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
 def local_superlink_pids(flwr_home: Path) -> list[int]:
     """Process ids of the managed local SuperLink that ``flwr run`` started for ``flwr_home``:
     the ``flower-superlink`` whose log file lies in ``<flwr_home>/local-superlink`` (Flower starts

@@ -1,15 +1,14 @@
 """The real thing: ``flwr run . --stream`` on a managed local SuperLink with Ray simulation.
 
 Runs in its own Flower home (``FLWR_HOME``) and on its own free local ports
-(``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``, ``FLWR_LOCAL_CONTROL_API_PORT``), so it starts its own
-SuperLink whatever else runs on the machine, and afterwards stops that one by its pid. Runtime
-dependency installation is off (the app runs in this environment).
+(``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT``, ``FLWR_LOCAL_CONTROL_API_PORT``) through
+``launch_federation.LocalSimulation``, which starts the managed SuperLink with Flower's command line
+but a start-up wait that a busy CI machine does not exceed, and afterwards stops it by its pid.
+Runtime dependency installation is off (the app runs in this environment).
 """
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLWR = Path(sys.executable).with_name("flwr")
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from launch_federation import free_port, local_superlink_pids, stop_local_superlink  # noqa: E402
+from launch_federation import LocalSimulation, local_superlink_pids  # noqa: E402
 
 
 @pytest.mark.slow
@@ -27,18 +26,13 @@ from launch_federation import free_port, local_superlink_pids, stop_local_superl
 def test_flwr_run_stream_end_to_end(tmp_path):
     home = tmp_path / "flwr-home"
     out = tmp_path / "out"
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()), "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
     run_config = (f"method='fedup' scenario='class' pretrain-rounds=2 continue-rounds=1 local-epochs=1 "
                   f"fedup-epochs=20 mia-max-samples=30 cache-dir='{tmp_path / 'cache'}' outputs-dir='{out}'")
-    try:
-        proc = subprocess.run(
-            [str(FLWR), "run", ".", "--stream", "--federation-config",
-             "num-supernodes=3 client-resources-num-cpus=1", "--run-config", run_config],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    finally:
-        stopped = stop_local_superlink(home)
-    assert stopped and not local_superlink_pids(home)
+    with LocalSimulation(home) as simulation:
+        assert local_superlink_pids(home)
+        proc = simulation.flwr("run", ".", "--stream", "--federation-config",
+                               "num-supernodes=3 client-resources-num-cpus=1", "--run-config", run_config)
+    assert not local_superlink_pids(home)
     log = proc.stdout + proc.stderr
     match = re.search(r"fedunlearn results folder: (\S+)", log)
     assert match, log[-3000:]

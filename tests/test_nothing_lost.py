@@ -13,7 +13,6 @@ import os
 import pickle
 import shutil
 import struct
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -344,22 +343,16 @@ def test_a_stopped_run_is_a_failed_run_for_flower(monkeypatch):
 @pytest.mark.skipif(not Path(sys.executable).with_name("flwr").exists(), reason="flwr CLI not installed")
 def test_a_stopped_run_is_listed_failed_by_flwr(tmp_path):
     """A real ``flwr run`` whose ServerApp stops on a bad setting: ``flwr ls`` must not say completed.
-    Own ``FLWR_HOME`` and free ports, so it starts (and then stops, by pid) its own SuperLink."""
+    Own ``FLWR_HOME`` and free ports: its own SuperLink, stopped by pid afterwards."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from launch_federation import free_port, stop_local_superlink
+    from launch_federation import LocalSimulation
 
-    flwr, home = str(Path(sys.executable).with_name("flwr")), tmp_path / "flwr-home"
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()), "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
-    try:
-        run = subprocess.run([flwr, "run", ".", "--stream", "--federation-config",
+    with LocalSimulation(tmp_path / "flwr-home") as simulation:
+        run = simulation.flwr("run", ".", "--stream", "--federation-config",
                               "num-supernodes=2 client-resources-num-cpus=1", "--run-config",
-                              f"pretrain-rounds=0 outputs-dir='{tmp_path / 'out'}' cache-dir='{tmp_path / 'c'}'"],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        listed = subprocess.run([flwr, "ls", "--format", "json"], cwd=ROOT, env=env, capture_output=True,
-                                text=True, timeout=60)
-    finally:
-        stop_local_superlink(home)
+                              f"pretrain-rounds=0 outputs-dir='{tmp_path / 'out'}' cache-dir='{tmp_path / 'c'}'",
+                              timeout=300)
+        listed = simulation.flwr("ls", "--format", "json", timeout=60)
     log = run.stdout + run.stderr
     assert "run stopped: run-config 'pretrain-rounds'=0 is not allowed" in log, log[-3000:]
     statuses = [r["status"] for r in json.loads(listed.stdout)["runs"]]

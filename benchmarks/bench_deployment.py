@@ -94,6 +94,14 @@ def main() -> None:
     print("| --- | --- | --- | --- |")
     for name, (results, wall) in rows.items():
         print(f"| {name} | {results['cost']['unlearn']['seconds']:.2f} | {results['seconds_total']:.1f} | {wall:.1f} |")
+    phases = [phase for phase, cost in rows["deployment (TLS, auth)"][0]["cost"].items()
+              if isinstance(cost, dict) and "seconds" in cost]
+    print("\nseconds per phase (cost.<phase>.seconds)")
+    print("| engine | " + " | ".join(phases) + " |")
+    print("| --- |" + " --- |" * len(phases))
+    for name, (results, _) in rows.items():
+        print(f"| {name} | " + " | ".join(f"{results['cost'].get(p, {}).get('seconds', float('nan')):.2f}"
+                                          for p in phases) + " |")
     dep, sim = rows["deployment (TLS, auth)"][0], rows["simulation (Ray)"][0]
     print(f"deployment / simulation: unlearn {dep['cost']['unlearn']['seconds'] / sim['cost']['unlearn']['seconds']:.1f}x, "
           f"run {dep['seconds_total'] / sim['seconds_total']:.1f}x")

@@ -7,6 +7,7 @@ every number under ``models`` and ``resurfacing`` of the two results.json files 
 
     git worktree add /tmp/before <old commit> --detach
     python benchmarks/same_results.py --before /tmp/before --after . [--only fedup]
+    python benchmarks/same_results.py --before /tmp/before --config "10:method='fedup' scenario='class'"
 
 The default configurations are the README's main command and each method's documented command:
 every vision method in every scenario it supports (10 clients) and every LLM method (4 clients).
@@ -55,8 +56,11 @@ def _toml(value) -> str:
 
 
 def numbers(tree, prefix: str = "") -> dict:
+    """Every number in ``tree`` by its dotted path (list items as ``key.0``, ``key.1``...), seconds left out."""
     out = {}
     for key, value in tree.items():
+        if isinstance(value, list):
+            value = {str(i): item for i, item in enumerate(value)}
         if isinstance(value, dict):
             out.update(numbers(value, f"{prefix}{key}."))
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and not key.endswith("seconds"):
@@ -82,9 +86,13 @@ def main() -> None:
     parser.add_argument("--before", required=True)
     parser.add_argument("--after", default=".")
     parser.add_argument("--only", default="", help="run only configurations containing this text")
+    parser.add_argument("--config", action="append", default=[], metavar="CLIENTS:RUN_CONFIG",
+                        help="run this configuration instead of the defaults (repeatable), e.g. "
+                             "\"10:method='fedup' scenario='class' continue-rounds=0\"")
     args = parser.parse_args()
+    runs = [(int(c), text) for c, _, text in (item.partition(":") for item in args.config)] or default_runs()
     with tempfile.TemporaryDirectory() as before_out, tempfile.TemporaryDirectory() as after_out:
-        for clients, text in default_runs():
+        for clients, text in runs:
             if args.only and args.only not in text:
                 continue
             a, b = run(args.before, clients, text, before_out), run(args.after, clients, text, after_out)

@@ -13,7 +13,7 @@ handler that uses it (the LLM stack by an LLM run only, a method's client code b
 
 Messages: ``query.hello`` -> client id and counts; ``train`` (config: role, objective — ``ce`` or
 one a method registered —, scope, plugins, epochs, lr, max-steps, report-loss-before,
-loss-before-bypass, keep-model-as) -> arrays + num-examples/loss (+ ``loss-before`` for each role named in
+loss-before-bypass, keep-model-as, evaluate-received) -> arrays + num-examples/loss (+ ``loss-before`` for each role named in
 ``report-loss-before``, comma-separated: the received model's loss on that role's data, plug-ins of the
 kinds in ``loss-before-bypass`` bypassed; ``epochs`` 0 reports without training);
 role ``forget+retain`` -> the same per role under ``arrays.<role>`` / ``metrics.<role>`` (one
@@ -80,14 +80,22 @@ def train(msg: Message, context: Context) -> Message:
 
     ``role`` may name several roles joined by ``+`` (a dual-stream method: ``forget+retain`` for a client holding
     both): the client trains a fresh copy of the received model once per role and replies with
-    ``arrays.<role>`` / ``metrics.<role>``, so one download serves both streams."""
+    ``arrays.<role>`` / ``metrics.<role>``, so one download serves both streams. Config
+    ``evaluate-received``: the received model's local metrics too, as an ``evaluate`` message would
+    give them (``metrics.received``; continued training's per-round measurement)."""
     roles = str(msg.content["config"]["role"]).split("+")
     if len(roles) == 1:
-        return Message(_train_role(msg.content, context, roles[0]), reply_to=msg)
-    content = RecordDict()
-    for role in roles:
-        for key, record in _train_role(msg.content, context, role).items():
-            content[f"{key}.{role}"] = record
+        content = _train_role(msg.content, context, roles[0])
+    else:
+        content = RecordDict()
+        for role in roles:
+            for key, record in _train_role(msg.content, context, role).items():
+                content[f"{key}.{role}"] = record
+    if msg.content["config"].get("evaluate-received", False):  # after training: its randomness is untouched
+        cfg, data = client_view(context)
+        measured = _evaluate_one(cfg, data, msg.content["arrays"],
+                                 {"plugins": msg.content["config"].get("plugins", ""), "features": False})
+        content["metrics.received"] = measured["metrics"]
     return Message(content, reply_to=msg)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from strategies.common.base import ModelState
 from strategies.common.federation import Federation
@@ -13,11 +13,6 @@ from tasks.config import Config
 from tasks.plugins import specs_to_json
 
 EVALUATE_PHASE = "evaluate"
-
-
-def evaluate_model(fed: Federation, cfg: Config, model: ModelState, features: dict | None = None) -> dict:
-    """The results-contract entry of one model (see :func:`evaluate_models`)."""
-    return evaluate_models(fed, cfg, {"model": model}, {"model": features})["model"]
 
 
 def evaluate_models(fed: Federation, cfg: Config, models: dict[str, ModelState],
@@ -61,3 +56,45 @@ def evaluate_models(fed: Federation, cfg: Config, models: dict[str, ModelState],
     finally:
         cost.seconds += time.perf_counter() - started
         fed.start_phase(previous)
+
+
+class ReceivedModelMeasure:
+    """Each round's model measured inside the next round, for ``run_rounds(measure_received=...)``.
+
+    Continued training measures its model after every round (the KR curve). The model of round r
+    is what every training node receives in round r + 1, so the ``train`` messages of round r + 1
+    ask for its local metrics too (config ``evaluate-received``: the ClientApp evaluates the
+    received model after training and replies ``metrics.received``), and the nodes that do not
+    train in that round (a leaving client, a node left out by ``fraction-train``) get an
+    ``evaluate`` message with it in the same exchange. On Flower's Deployment Engine a round is a
+    fresh ClientApp process per node, so this halves the rounds of continued training. Each
+    client's metrics are those of an ``evaluate`` round (the same seeds; tested); ``entries``
+    holds the pooled entry of every measured round, in order. Bytes and seconds are the round's.
+    """
+
+    def __init__(self, fed: Federation, cfg: Config, plugins: list[dict]):
+        self.fed, self.cfg, self.plugins = fed, cfg, plugins
+        self.entries: list[dict] = []
+
+    def attach(self, train_messages: list[Message], arrays: ArrayRecord) -> list[Message]:
+        """Mark the round's ``train`` messages; ``evaluate`` messages for every other node."""
+        training = set()
+        for message in train_messages:
+            message.content["config"]["evaluate-received"] = True
+            training.add(message.metadata.dst_node_id)
+        content = RecordDict({"arrays": arrays, "config": ConfigRecord({"plugins": specs_to_json(self.plugins),
+                                                                        "features": False})})
+        return [Message(content, dst_node_id=node, message_type="evaluate")
+                for node in self.fed.all_nodes() if node not in training]
+
+    def collect(self, replies: list[Message]) -> list[Message]:
+        """Pool the received model's metrics from every reply; the ``train`` replies, for aggregation."""
+        per_client, trained = [], []
+        for reply in replies:  # sorted by client id (Federation.exchange), as an evaluate round's
+            if reply.metadata.message_type == "evaluate":
+                per_client.append(dict(reply.content["metrics"]))
+            else:
+                per_client.append(dict(reply.content.pop("metrics.received")))  # FedAvg wants one MetricRecord
+                trained.append(reply)
+        self.entries.append(self.cfg.task.pool_metrics(self.cfg, per_client))
+        return trained

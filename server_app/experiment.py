@@ -1,4 +1,4 @@
-"""One run = phases: hello -> pretrain -> unlearn -> evaluate -> continue -> restore -> report.
+"""One run = phases: hello -> pretrain -> unlearn -> restore -> continue -> evaluate -> report.
 
 This module orchestrates and records; every method's internals live behind
 ``strategies.common.base.UnlearningMethod``.
@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from server_app import cache, history
 from server_app.atomic import folder_problem
-from server_app.evaluation import evaluate_model, evaluate_models
+from server_app.evaluation import ReceivedModelMeasure, evaluate_models
 from server_app.report import append_csv, package_versions, plot_kr_curve, run_folder, write_results
 from strategies.common.base import ModelState, UnlearnContext
 from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds
@@ -107,7 +107,8 @@ class Experiment:
 
     def fedavg(self, arrays: ArrayRecord, role: str, rounds: int, label: str, *, plugins: list[dict] = (),
                seed_offset: int = 0, after_round=None, last_round_config: dict | None = None,
-               on_replies=None, aggregate=None, extra_config: dict | None = None) -> ArrayRecord:
+               on_replies=None, aggregate=None, extra_config: dict | None = None,
+               measure_received: ReceivedModelMeasure | None = None) -> ArrayRecord:
         """``rounds`` of FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged);
         ``extra_config`` adds entries to every round's ``train`` config."""
         strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"],
@@ -115,7 +116,8 @@ class Experiment:
         return run_rounds(self.fed, strategy, arrays, rounds=rounds,
                           config=self.train_config(plugins=specs_to_json(list(plugins)), **(extra_config or {})),
                           label=label, method=self.cfg["method"], after_round=after_round,
-                          last_round_config=last_round_config, on_replies=on_replies, aggregate=aggregate)
+                          last_round_config=last_round_config, on_replies=on_replies, aggregate=aggregate,
+                          measure_received=measure_received)
 
     def fresh_model(self) -> ArrayRecord:
         return ArrayRecord(self.cfg.task.server_model(self.cfg, []).state_dict())
@@ -202,37 +204,38 @@ class Experiment:
             self.fed.start_phase(previous)
         return self._retrain
 
-    def continue_training(self, start: ModelState) -> tuple[dict, list[float], list[dict], int | None]:
-        """``continue-rounds`` of FedAvg on retained data, the model evaluated after each round.
+    def continue_training(self, start: ModelState) -> tuple[ModelState | None, list[float], list[dict], int | None]:
+        """``continue-rounds`` of FedAvg on retained data, the model measured after each round.
 
-        Returns the continued model's results entry (the evaluation of the last round, so the
-        final model is not evaluated twice; ``{"diverged_at_round": r}`` when training diverged),
-        the KR curve, the state after every round (for RT) and the round at which training
-        diverged (``None`` if it did not). A round that produces a non-finite model ends the curve
-        there: the curve holds the rounds before it, so no figure is ever computed from a dead
-        model. With ``continue-rounds=0`` the continued model is the unlearned one, evaluated once.
+        Round r's model is measured inside round r + 1 (:class:`ReceivedModelMeasure`: the nodes
+        evaluate the model they receive), and the last round's model is returned, not evaluated:
+        the run evaluates it with its final models, in their one round. So continued training
+        adds no evaluation round (on Flower's Deployment Engine every round is a fresh ClientApp
+        process per node). The last model is ``None`` when there were no rounds or training
+        diverged. Also returns the KR curve of the rounds before the last, the state after every
+        round (for RT) and the round at which training diverged (``None`` if it did not). A round
+        that produces a non-finite model ends the curve there: the curve holds the rounds before
+        it, so no figure is ever computed from a dead model.
         """
         cost = self.fed.start_phase("continue")
-        started, curve, states, entries = time.perf_counter(), [], [], []
-        eval_before = self.fed.cost("evaluate").seconds
+        started, states, last = time.perf_counter(), [], []
+        rounds, measure = self.cfg["continue-rounds"], ReceivedModelMeasure(self.fed, self.cfg, start.plugins)
 
-        def measure(_round: int, arrays: ArrayRecord) -> None:
-            entries.append(evaluate_model(self.fed, self.cfg, ModelState(arrays, start.plugins)))
-            curve.append(entries[-1]["forget_acc"])
+        def keep(round_no: int, arrays: ArrayRecord) -> None:
             states.append(arrays.to_torch_state_dict())
+            if round_no == rounds:
+                last.append(ModelState(arrays, start.plugins))
 
         diverged_at = None
         try:
-            self.fedavg(start.arrays, "retain", self.cfg["continue-rounds"], "continue",
-                        plugins=start.plugins, seed_offset=1, after_round=measure)
-            continued = entries[-1] if entries else evaluate_model(self.fed, self.cfg, start)
+            self.fedavg(start.arrays, "retain", rounds, "continue", plugins=start.plugins, seed_offset=1,
+                        after_round=keep, measure_received=measure)
         except ModelDiverged as err:
             diverged_at = err.round_no
-            continued = {"diverged_at_round": diverged_at}
             log.warning("validity: %s; the KR curve ends with a diverged mark at round %d, CT-KR and RR are "
                         "not computed", err, diverged_at)
-        cost.seconds += time.perf_counter() - started - (self.fed.cost("evaluate").seconds - eval_before)
-        return continued, curve, states, diverged_at
+        cost.seconds += time.perf_counter() - started
+        return (last[0] if last else None), [entry["forget_acc"] for entry in measure.entries], states, diverged_at
 
     # --- the whole run --------------------------------------------------------------------
     def run(self) -> str:
@@ -265,25 +268,33 @@ class Experiment:
             self.say("restore: unplugging")
             self.fed.start_phase("restore")
             final["restored"] = self.method.restore(result.model, ctx)
-        self.say(f"evaluate: {', '.join(final)} models, in one round")
-        feats = {name: {} if self.cfg["diagnostic-samples"] else None for name in ("original", "retrain", "unlearned")}
-        models = evaluate_models(self.fed, self.cfg, final, feats)
-        retrain_entry = models.pop("retrain", None)
-        if retrain_entry is None:
-            retrain_entry = copy.deepcopy(models["unlearned"])
-            if feats["retrain"] is not None:
-                feats["retrain"].update(feats["unlearned"])
-        restored = models.pop("restored", None)  # put back after the continued model (the results order)
-        if restored is not None:
-            restored["equals_original"] = _same_model(final["restored"], original)
-        kr_retrain = retrain_entry["forget_acc"]
 
         self.say(f"continue: {self.cfg['continue-rounds']} rounds on retained data")
-        models["continued"], curve, states, diverged_at = self.continue_training(result.model)
+        continued, curve, states, diverged_at = self.continue_training(result.model)
+        if continued is not None:
+            final["continued"] = continued
+        self.say(f"evaluate: {', '.join(final)} models, in one round")
+        feats = {name: {} if self.cfg["diagnostic-samples"] else None for name in ("original", "retrain", "unlearned")}
+        evaluated = evaluate_models(self.fed, self.cfg, final, feats)
+        retrain_entry = evaluated.get("retrain")
+        if retrain_entry is None:
+            retrain_entry = copy.deepcopy(evaluated["unlearned"])
+            if feats["retrain"] is not None:
+                feats["retrain"].update(feats["unlearned"])
+        models = {"original": evaluated["original"], "unlearned": evaluated["unlearned"]}
+        if diverged_at is not None:
+            models["continued"] = {"diverged_at_round": diverged_at}
+        elif continued is None:  # no continued rounds: the continued model is the unlearned one
+            models["continued"] = copy.deepcopy(evaluated["unlearned"])
+        else:
+            models["continued"] = evaluated["continued"]
+            curve.append(models["continued"]["forget_acc"])
+        if "restored" in evaluated:
+            models["restored"] = evaluated["restored"]
+            models["restored"]["equals_original"] = _same_model(final["restored"], original)
+        kr_retrain = retrain_entry["forget_acc"]
         rollback = rollback_tendency(original.arrays.to_torch_state_dict(),
                                      result.model.arrays.to_torch_state_dict(), states) if states else []
-        if restored is not None:
-            models["restored"] = restored
         self.cfg.task.finish_entries(list(models.values()), retrain_entry)
 
         resurfacing = resurfacing_summary(kr_original=models["original"]["forget_acc"],

@@ -104,6 +104,21 @@ def test_one_evaluate_message_for_several_models_gives_each_models_own_metrics()
     assert sample.keys() == alone.keys() and all(torch.equal(sample[k], alone[k]) for k in sample)
 
 
+def test_a_train_message_can_also_measure_the_model_it_received():
+    """``evaluate-received``: the reply also holds the received model's metrics, equal to an evaluate
+    message's, and the training it carries is the same as without the flag."""
+    received = ArrayRecord(task_for("digits-lenet5").build_model([], seed=3).state_dict())
+    config = {"role": "all", "epochs": 1, "lr": 0.05, "server-round": 2}
+    plain = app(_message("train", received, **config), _context(pid=2)).content
+    both = app(_message("train", received, **config, **{"evaluate-received": True}), _context(pid=2)).content
+    alone = app(_message("evaluate", received), _context(pid=2)).content
+    assert "metrics.received" not in plain
+    assert dict(both["metrics.received"]) == dict(alone["metrics"])
+    trained, again = plain["arrays"].to_torch_state_dict(), both["arrays"].to_torch_state_dict()
+    assert trained.keys() == again.keys() and all(torch.equal(trained[k], again[k]) for k in trained)
+    assert dict(both["metrics"]) == dict(plain["metrics"])
+
+
 def test_missing_partition_in_node_config_is_a_clear_error():
     context = Context(run_id=1, node_id=7, state=RecordDict(), run_config=RUN, node_config={})
     with pytest.raises(ValueError, match="partition-id"):

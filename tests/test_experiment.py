@@ -92,9 +92,49 @@ def test_fedup_is_one_round_and_restores_exactly(tmp_path):
     assert restored["equals_original"] is True
     assert {k: v for k, v in restored.items() if k != "equals_original"} == results["models"]["original"]
     assert results["method"]["privacy"]["clients"]
-    # original, unlearned, retrain and restored models in one evaluate round, then one per continued round
-    assert results["cost"]["evaluate"]["rounds"] == 1 + TINY["continue-rounds"]
-    assert grid.sent_types.count("evaluate") == 4 * (1 + TINY["continue-rounds"])
+    # one evaluate round: original, unlearned, retrain, restored and the last continued model; every
+    # earlier continued model is measured by the nodes that receive it in the next round
+    assert results["cost"]["evaluate"]["rounds"] == 1 and grid.sent_types.count("evaluate") == 4
+    assert len(results["resurfacing"]["kr_curve"]) == TINY["continue-rounds"]
+
+
+def test_without_continued_rounds_the_continued_model_is_the_unlearned_one_evaluated_once(tmp_path):
+    results, _, grid = run(tmp_path, method="fedup", scenario="class", **{"forget-class": 1, "continue-rounds": 0})
+    assert results["models"]["continued"] == results["models"]["unlearned"]
+    assert results["resurfacing"]["kr_curve"] == []
+    assert results["cost"]["evaluate"]["rounds"] == 1 and grid.sent_types.count("evaluate") == 4
+
+
+def test_continued_models_measured_inside_the_next_round_score_as_in_their_own_evaluate_round(tmp_path, monkeypatch):
+    """Client scenario: the leaving client does not train in continued rounds, so it gets an evaluate
+    message in the same exchange; the KR curve equals evaluate rounds of each round's model."""
+    from server_app.evaluation import evaluate_models
+    from strategies.common.base import ModelState
+    from strategies.common.fedavg_rounds import RoleFedAvg
+
+    rounds, models = 3, []
+    original = RoleFedAvg.aggregate_train
+
+    def recording(self, server_round, replies):
+        arrays, metrics = original(self, server_round, replies)
+        if self.fed.phase == "continue":
+            models.append(arrays)
+        return arrays, metrics
+
+    monkeypatch.setattr(RoleFedAvg, "aggregate_train", recording)
+    config = {**TINY, "method": "none", "scenario": "client", "poison": "backdoor", "continue-rounds": rounds,
+              "cache-dir": str(tmp_path / "cache"), "outputs-dir": str(tmp_path / "out")}
+    grid = InProcessGrid(4, config)
+    fed = Federation(grid, round_timeout=60, min_reply_fraction=0.5)
+    experiment = Experiment(fed, config)
+    with open(os.path.join(experiment.run(), "results.json")) as handle:
+        results = json.load(handle)
+    # the final round (4 nodes) + the leaving client in every continued round after the first
+    assert grid.sent_types.count("evaluate") == 4 + (rounds - 1)
+    separate = evaluate_models(fed, experiment.cfg, {str(i): ModelState(a, []) for i, a in enumerate(models)})
+    assert results["resurfacing"]["kr_curve"] == [separate[str(i)]["forget_acc"] for i in range(rounds)]
+    last = separate[str(rounds - 1)]
+    assert {k: results["models"]["continued"][k] for k in last} == last
 
 
 def test_lethe_runs_its_three_phases(tmp_path):

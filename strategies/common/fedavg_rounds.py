@@ -102,7 +102,7 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
                last_round_config: dict | None = None,
                on_replies: Callable[[int, ArrayRecord, list[Message]], None] | None = None,
                aggregate: Callable[[list[Message]], ArrayRecord] | None = None,
-               first_round: int = 1) -> ArrayRecord:
+               first_round: int = 1, measure_received=None) -> ArrayRecord:
     """``rounds`` rounds of configure -> exchange -> aggregate, numbered from ``first_round`` (a
     method that replays pretraining's later rounds keeps their numbers, hence their seeds); logs
     progress with an ETA.
@@ -113,7 +113,10 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
     (pretraining asks the clients to keep their last local model); ``on_replies(r, sent, replies)``
     sees each round's global model and the valid client replies (pretraining's update history);
     ``aggregate(replies)``, when given, makes the round's model instead of FedAvg's own (a method
-    that trains its own original, e.g. Exact-Fun's quantised FedAvg).
+    that trains its own original, e.g. Exact-Fun's quantised FedAvg). ``measure_received``, when
+    given, measures each round's model inside the next round (``attach(messages, arrays)`` adds
+    to a round's messages, ``collect(replies)`` takes its share of the replies and returns the
+    training replies): continued training's KR curve without an evaluation round between rounds.
     """
     started = time.perf_counter()
     cost = fed.cost(fed.phase)
@@ -122,7 +125,12 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
         round_config = ConfigRecord({**dict(config), **(last_round_config or {})}) \
             if server_round == last and last_round_config else config
         messages = list(strategy.configure_train(server_round, arrays, round_config, fed.grid))
+        measuring = measure_received is not None and server_round > first_round
+        if measuring:
+            messages += measure_received.attach(messages, arrays)
         replies = fed.exchange(messages, round_no=server_round)
+        if measuring:
+            replies = measure_received.collect(replies)
         if on_replies is not None:
             on_replies(server_round, arrays, replies)
         if aggregate is None:

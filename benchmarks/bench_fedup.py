@@ -22,11 +22,15 @@ import argparse
 import json
 import os
 import pickle
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one's
 
 # (arch, classes, input channels, centroids): M ~ rho * training samples with the paper's client-scenario
 # rho = 0.8: digits (1797 x 0.8 train) and CIFAR-10 (50,000).
@@ -89,8 +93,8 @@ def synthetic_centroids(num: int, dim: int, classes: int, seed: int) -> tuple[to
 def bench_filter(presets: list[str], devices: list[str], epochs: int, seed: int) -> None:
     """Filter training time per device on each preset (run config defaults for the filter settings)."""
     from strategies.fedup.centroids import divert_targets
-    from tasks.config import parse_config
     from strategies.fedup.filter import FedUPFilter, train_filter
+    from tasks.config import parse_config
     from tasks.vision.models import build_vision_model
 
     cfg = parse_config({})

@@ -42,12 +42,16 @@ import logging
 import math
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from server_app.atomic import atomic_path, write_text
-from server_app.inprocess import parse_overrides, run_inprocess
-from tasks.validity import ORIGINAL_CHECKS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one's
+
+from server_app.atomic import atomic_path, write_text  # noqa: E402
+from server_app.inprocess import parse_overrides, run_inprocess  # noqa: E402
+from tasks.validity import ORIGINAL_CHECKS  # noqa: E402
 
 SCENARIO_NAMES = {"client": "Client", "class": "Class", "sample": "Sample"}
 ACCURACY_METRICS = ("retain_acc", "forget_acc", "mia", "test_acc")

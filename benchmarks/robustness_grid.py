@@ -31,12 +31,16 @@ import json
 import logging
 import math
 import os
+import sys
 import tempfile
 import time
+from pathlib import Path
 
-from server_app.atomic import write_text
-from server_app.inprocess import parse_overrides, run_inprocess
-from tasks.validity import ORIGINAL_CHECKS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one's
+
+from server_app.atomic import write_text  # noqa: E402
+from server_app.inprocess import parse_overrides, run_inprocess  # noqa: E402
+from tasks.validity import ORIGINAL_CHECKS  # noqa: E402
 
 LETHE_TEST_TOL, LETHE_KR_TOL, LETHE_KR_SHARE = 0.03, 0.05, 0.8
 FEDUP_FORGET_MAX, FEDUP_RETAIN_TOL = 0.02, 0.02

@@ -40,14 +40,18 @@ import argparse
 import json
 import math
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 from scipy.stats import hmean, ks_2samp
 
-from tasks.llm.federation_metrics import SetScores, pool_llm_metrics, set_sums
-from tasks.llm.forget_quality import attach_forget_quality
-from tasks.llm.metrics import mia_auc, privleak, rouge_l_recall
-from tasks.metrics import pool_metrics
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one's
+
+from tasks.llm.federation_metrics import SetScores, pool_llm_metrics, set_sums  # noqa: E402
+from tasks.llm.forget_quality import attach_forget_quality  # noqa: E402
+from tasks.llm.metrics import mia_auc, privleak, rouge_l_recall  # noqa: E402
+from tasks.metrics import pool_metrics  # noqa: E402
 
 FILES = {"retain": "eval_log.json", "forget": "eval_log_forget.json",
          "real-authors": "eval_real_author_wo_options.json", "world-facts": "eval_real_world_wo_options.json"}

@@ -417,10 +417,17 @@ class LocalSimulation:
                               timeout=timeout)
 
     def __exit__(self, *exc) -> None:
-        stop_local_superlink(self.home)
+        """Stop (and reap) the SuperLink started here, then any other of this home's (one ``flwr run``
+        may have started itself). Ours is stopped as our child: ``stop_local_superlink`` would
+        wait on it as an unreaped zombie until its SIGKILL deadline."""
         if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        stop_local_superlink(self.home)
 
 
 def local_superlink_pids(flwr_home: Path) -> list[int]:

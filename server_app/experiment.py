@@ -229,7 +229,9 @@ class Experiment:
         diverged_at = None
         try:
             self.fedavg(start.arrays, "retain", rounds, "continue", plugins=start.plugins, seed_offset=1,
-                        after_round=keep, measure_received=measure)
+                        after_round=keep, measure_received=measure,
+                        extra_config={"scope": "base"} if start.plugins and self.cfg["continue-plugins"] == "frozen"
+                        else None)
         except ModelDiverged as err:
             diverged_at = err.round_no
             log.warning("validity: %s; the KR curve ends with a diverged mark at round %d, CT-KR and RR are "

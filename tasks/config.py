@@ -146,6 +146,9 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
     setting("retrain-rounds", int, 0, "FedAvg rounds of the retrain oracle; 0 = pretrain-rounds", at_least(0)),
     setting("continue-rounds", int, 10, "FedAvg rounds on retained data after unlearning (resurfacing)",
        at_least(0)),
+    setting("continue-plugins", str, "frozen",
+       "a method's plug-ins (FedUP's filter, FUSED's adapters) in continued rounds: 'frozen' = kept as the "
+       "method left them, the base trains; 'trained' = trained with the base", one_of(("frozen", "trained"))),
     setting("local-epochs", int, 3, "local epochs per training round", positive()),
     setting("batch-size", int, 32, "local mini-batch size", positive()),
     setting("lr", float, 0.05, "local SGD learning rate", positive()),

@@ -105,6 +105,37 @@ def test_without_continued_rounds_the_continued_model_is_the_unlearned_one_evalu
     assert results["cost"]["evaluate"]["rounds"] == 1 and grid.sent_types.count("evaluate") == 4
 
 
+@pytest.mark.parametrize("plugins", ["frozen", "trained"])
+def test_continued_training_keeps_a_methods_plugins_frozen_unless_asked_to_train_them(tmp_path, monkeypatch, plugins):
+    """FedUP's filter is the method's removable artifact: by default continued rounds train the
+    base only (scope ``base``) and every round's model carries the filter bit for bit;
+    ``continue-plugins='trained'`` trains it with the base."""
+    import torch
+
+    from tasks.model import PLUGIN_PREFIX
+
+    seen = []
+    original = Experiment.continue_training
+
+    def recording(self, start):
+        outcome = original(self, start)
+        seen.append((start.arrays.to_torch_state_dict(), outcome[2]))
+        return outcome
+
+    monkeypatch.setattr(Experiment, "continue_training", recording)
+    results, _, grid = run(tmp_path, method="fedup", scenario="class",
+                           **{"forget-class": 1, "continue-plugins": plugins})
+    (start, states), = seen
+    plugin_keys = [k for k in start if k.startswith(PLUGIN_PREFIX)]
+    assert plugin_keys and len(states) == TINY["continue-rounds"]
+    for state in states:
+        assert state.keys() == start.keys()
+        kept = [torch.equal(state[k], start[k]) for k in plugin_keys]
+        assert all(kept) if plugins == "frozen" else not any(kept)
+        assert any(not torch.equal(state[k], start[k]) for k in start if k not in plugin_keys)
+    assert results["resurfacing"].get("diverged_at_round") is None
+
+
 def test_continued_models_measured_inside_the_next_round_score_as_in_their_own_evaluate_round(tmp_path, monkeypatch):
     """Client scenario: the leaving client does not train in continued rounds, so it gets an evaluate
     message in the same exchange; the KR curve equals evaluate rounds of each round's model."""

@@ -88,6 +88,15 @@ class RoleFedAvg(FedAvg):
         return self._construct_messages(record, chosen, "train")
 
 
+def with_untrained(aggregated: ArrayRecord, sent: ArrayRecord) -> ArrayRecord:
+    """``aggregated`` completed with the tensors of ``sent`` that no client uploaded, in ``sent``'s
+    order: a round that trains only part of the model (train scope ``base``: plug-ins frozen) gets
+    back only that part, and the frozen rest is the model it sent."""
+    if all(key in aggregated for key in sent.keys()):
+        return aggregated
+    return ArrayRecord({key: aggregated[key] if key in aggregated else sent[key] for key in sent.keys()})
+
+
 def _mean_loss(replies: list[Message]) -> dict:
     """The example-weighted mean of the clients' reported ``loss`` (what FedAvg's metrics hold)."""
     pairs = [(float(r.content["metrics"]["loss"]), int(r.content["metrics"]["num-examples"])) for r in replies
@@ -139,6 +148,7 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
             new_arrays, metrics = aggregate(replies), _mean_loss(replies)
         if new_arrays is None:
             raise RuntimeError(f"phase '{fed.phase}' round {server_round}: aggregation produced no model")
+        new_arrays = with_untrained(new_arrays, arrays)
         require_finite(new_arrays, phase=fed.phase, round_no=server_round, method=method, last_finite=arrays)
         arrays = new_arrays
         cost.rounds += 1

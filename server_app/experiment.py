@@ -20,7 +20,7 @@ from server_app.atomic import folder_problem
 from server_app.evaluation import ReceivedModelMeasure, evaluate_models
 from server_app.report import append_csv, package_versions, plot_kr_curve, run_folder, write_results
 from strategies.common.base import ModelState, UnlearnContext
-from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds
+from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds, scheduled_lr
 from strategies.common.federation import Federation
 from strategies.registry import method_for, method_spec, pretraining_keeps
 from tasks.config import Config, ConfigError, inapplicable_settings, parse_config
@@ -108,16 +108,16 @@ class Experiment:
     def fedavg(self, arrays: ArrayRecord, role: str, rounds: int, label: str, *, plugins: list[dict] = (),
                seed_offset: int = 0, after_round=None, last_round_config: dict | None = None,
                on_replies=None, aggregate=None, extra_config: dict | None = None,
-               measure_received: ReceivedModelMeasure | None = None) -> ArrayRecord:
+               measure_received: ReceivedModelMeasure | None = None, round_lr=None) -> ArrayRecord:
         """``rounds`` of FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged);
-        ``extra_config`` adds entries to every round's ``train`` config."""
+        ``extra_config`` adds entries to every round's ``train`` config, ``round_lr(r)`` sets round r's lr."""
         strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"],
                               seed=self.cfg["seed"] + seed_offset)
         return run_rounds(self.fed, strategy, arrays, rounds=rounds,
                           config=self.train_config(plugins=specs_to_json(list(plugins)), **(extra_config or {})),
                           label=label, method=self.cfg["method"], after_round=after_round,
                           last_round_config=last_round_config, on_replies=on_replies, aggregate=aggregate,
-                          measure_received=measure_received)
+                          measure_received=measure_received, round_lr=round_lr)
 
     def fresh_model(self) -> ArrayRecord:
         return ArrayRecord(self.cfg.task.server_model(self.cfg, []).state_dict())
@@ -153,7 +153,8 @@ class Experiment:
                                  on_replies=recorder.record if recorder else None,
                                  aggregate=self.method.pretraining_aggregate(self.cfg) if kind == "original" else None,
                                  extra_config=self.method.pretraining_config(self.cfg, self.model_ids[kind])
-                                 if kind == "original" else None)
+                                 if kind == "original" else None,
+                                 round_lr=scheduled_lr(self.cfg["lr-schedule"], self.cfg["lr"], rounds))
             cost.seconds += time.perf_counter() - started
             self.built_cost[kind] = cost.as_dict()
             if recorder is not None:

@@ -150,6 +150,10 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
        "a method's plug-ins (FedUP's filter, FUSED's adapters) in continued rounds: 'frozen' = kept as the "
        "method left them, the base trains; 'trained' = trained with the base", one_of(("frozen", "trained"))),
     setting("local-epochs", int, 3, "local epochs per training round", positive()),
+    setting("lr-schedule", str, "constant",
+       "client lr over the rounds that build the original and the retrain oracle: 'constant' = lr in every "
+       "round; 'cosine' = lr * (1 + cos(pi * (r - 1) / R)) / 2 in round r of R (vision and text tasks)",
+       one_of(("constant", "cosine"))),
     setting("batch-size", int, 32, "local mini-batch size", positive()),
     setting("lr", float, 0.05, "local SGD learning rate", positive()),
     setting("momentum", float, 0.9, "local SGD momentum", at_least(0)),
@@ -327,6 +331,13 @@ def _check_combinations(cfg: Config, num_clients: int | None) -> None:
         raise ConfigError(f"run-config 'scenario'={cfg['scenario']!r} is not supported by method "
                           f"'{cfg['method']}': must be one of {', '.join(spec.scenarios)}")
     task.check_config(cfg)
+    if cfg["lr-schedule"] != "constant":
+        if task.kind == "llm":
+            raise ConfigError(f"run-config 'lr-schedule'={cfg['lr-schedule']!r} applies to vision and text tasks; "
+                              f"task '{task.name}' takes 'constant'")
+        if "update-history" in spec.needs:
+            raise ConfigError(f"run-config 'lr-schedule'={cfg['lr-schedule']!r}: method '{cfg['method']}' replays "
+                              "pretraining's rounds at the constant lr; it takes 'constant'")
     if spec.check is not None:
         spec.check(cfg)
     if num_clients is not None:

@@ -68,6 +68,18 @@ def test_forget_client_outside_federation():
     assert parse_config({"forget-client": 9}, num_clients=10)["forget-client"] == 9
 
 
+def test_an_lr_schedule_is_refused_where_it_would_not_be_followed():
+    """Methods that replay pretraining at the constant lr, and the LLM task (its own llm-lr), take
+    'constant'; vision methods that do not replay take 'cosine'."""
+    for overrides, fragment in [({"method": "federaser", "scenario": "client"}, "method 'federaser' replays"),
+                                ({"method": "exact-fun", "scenario": "client"}, "method 'exact-fun' replays"),
+                                ({"task": "llm-tofu", "method": "ga", "scenario": "client"}, "applies to vision and text")]:
+        with pytest.raises(ConfigError) as err:
+            parse_config({**overrides, "lr-schedule": "cosine"})
+        assert "'lr-schedule'='cosine'" in str(err.value) and fragment in str(err.value)
+    assert parse_config({"method": "fedup", "lr-schedule": "cosine"})["lr-schedule"] == "cosine"
+
+
 def test_unknown_key_and_wrong_type():
     with pytest.raises(ConfigError, match="unknown run-config key"):
         parse_config({"pretrain-round": 3})

@@ -240,3 +240,28 @@ def test_lethe_stops_clearly_when_the_forget_client_fails(tmp_path):
     with pytest.raises(RoundFailed, match="phase 'unlearn' round 1"):
         run(tmp_path, method="lethe", scenario="client", poison="backdoor", **{"forget-client": 1},
             fail_nodes=[1])
+
+
+def test_a_cosine_lr_schedule_steps_down_over_the_rounds_that_build_the_original_and_the_oracle(tmp_path, monkeypatch):
+    """Round r of R gets lr (1 + cos(pi (r - 1) / R)) / 2; continued rounds keep the run's lr; the
+    scheduled original is cached apart from the constant one."""
+    from strategies.common.fedavg_rounds import RoleFedAvg
+
+    sent = []
+    configure = RoleFedAvg.configure_train
+
+    def recording(self, server_round, arrays, config, grid):
+        sent.append((self.fed.phase, server_round, float(config["lr"])))
+        return configure(self, server_round, arrays, config, grid)
+
+    monkeypatch.setattr(RoleFedAvg, "configure_train", recording)
+    run(tmp_path, method="retrain", scenario="class")
+    constant = list(sent)
+    sent.clear()
+    run(tmp_path, method="retrain", scenario="class", **{"lr-schedule": "cosine"})
+    lr = 0.05
+    assert [s for s in constant if s[0] in ("pretrain", "retrain")] == [
+        ("pretrain", 1, lr), ("pretrain", 2, lr), ("retrain", 1, lr), ("retrain", 2, lr)]
+    assert [s for s in sent if s[0] in ("pretrain", "retrain")] == [
+        ("pretrain", 1, lr), ("pretrain", 2, pytest.approx(lr / 2)), ("retrain", 1, lr), ("retrain", 2, pytest.approx(lr / 2))]
+    assert [s[2] for s in sent if s[0] == "continue"] == [lr] * TINY["continue-rounds"]

@@ -330,14 +330,9 @@ def _check_combinations(cfg: Config, num_clients: int | None) -> None:
     if cfg["scenario"] not in spec.scenarios:
         raise ConfigError(f"run-config 'scenario'={cfg['scenario']!r} is not supported by method "
                           f"'{cfg['method']}': must be one of {', '.join(spec.scenarios)}")
-    task.check_config(cfg)
-    if cfg["lr-schedule"] != "constant":
-        if task.kind == "llm":
-            raise ConfigError(f"run-config 'lr-schedule'={cfg['lr-schedule']!r} applies to vision and text tasks; "
-                              f"task '{task.name}' takes 'constant'")
-        if "update-history" in spec.needs:
-            raise ConfigError(f"run-config 'lr-schedule'={cfg['lr-schedule']!r}: method '{cfg['method']}' replays "
-                              "pretraining's rounds at the constant lr; it takes 'constant'")
+    if cfg["lr-schedule"] != "constant" and "update-history" in spec.needs:
+        raise ConfigError(f"run-config 'lr-schedule'={cfg['lr-schedule']!r}: method '{cfg['method']}' replays "
+                          "pretraining's rounds at the constant lr; it takes 'constant'")
     if spec.check is not None:
         spec.check(cfg)
     if num_clients is not None:

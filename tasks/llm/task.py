@@ -38,6 +38,9 @@ class LLMTask(Task):
         if cfg["poison"] != "label-flip":
             raise ConfigError(f"run-config 'poison'={cfg['poison']!r} is not meaningful for task '{self.name}': "
                               "leave it at label-flip (it is ignored)")
+        if cfg["lr-schedule"] != "constant":  # local training reads llm-lr, not the scheduled lr
+            raise ConfigError(f"run-config 'lr-schedule'={cfg['lr-schedule']!r} applies to vision and text tasks; "
+                              f"task '{self.name}' takes 'constant'")
 
     def check_setup(self, cfg: Config, num_clients: int) -> None:
         from tasks.llm.federation_setup import check_llm_setup

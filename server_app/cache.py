@@ -32,7 +32,7 @@ log = logging.getLogger("fedunlearn")
 
 CACHE_VERSION = 3  # 2: data fingerprint and federation in the key; 3: the backdoor client's clean copies
 TRAINING_KEYS = ("task", "seed", "dirichlet-alpha", "test-fraction", "local-epochs", "batch-size", "lr",
-                 "momentum", "fraction-train")
+                 "momentum", "max-grad-norm", "fraction-train")
 REQUEST_KEYS = {
     "client": ("scenario", "poison", "poison-epochs", "forget-client", "backdoor-target", "trigger-size"),
     "class": ("scenario", "forget-class"),

@@ -157,6 +157,9 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
     setting("batch-size", int, 32, "local mini-batch size", positive()),
     setting("lr", float, 0.05, "local SGD learning rate", positive()),
     setting("momentum", float, 0.9, "local SGD momentum", at_least(0)),
+    setting("max-grad-norm", float, 100.0,
+       "clip of the gradient norm in local cross-entropy training (pretraining, the retrain oracle, continued "
+       "rounds; vision and text tasks); 0 = no clip", at_least(0)),
     setting("fraction-train", float, 1.0, "share of eligible clients sampled per training round",
        open_unit(True)),
     setting("min-reply-fraction", float, 0.5,

@@ -45,15 +45,18 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: i
                 lr: float, momentum: float, seed: int, scope: str = "all",
                 max_steps: int | None = None, device: torch.device | None = None,
                 loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                extra_params: list[nn.Parameter] | tuple = ()) -> float:
+                extra_params: list[nn.Parameter] | tuple = (), max_grad_norm: float | None = None) -> float:
     """SGD over (x, y) in seeded shuffled mini-batches; returns the mean training loss of the last epoch.
 
     ``loss_fn(model, xb, yb)`` is the loss minimised; default: cross-entropy of ``model(xb)``. ``y``
     may have more than one column (a loss that also reads other per-sample targets), and
-    ``extra_params`` (parameters outside ``model``, already on ``device``) are stepped with it."""
+    ``extra_params`` (parameters outside ``model``, already on ``device``) are stepped with it.
+    ``max_grad_norm``, when given, clips each step's gradient to that global norm
+    (``torch.nn.utils.clip_grad_norm_``); a step below it is left bit-for-bit as it was."""
     device = device or torch.device("cpu")
     model.to(device).train()
-    optimizer = torch.optim.SGD(set_trainable(model, scope) + list(extra_params), lr=lr, momentum=momentum)
+    params = set_trainable(model, scope) + list(extra_params)
+    optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum)
     generator = torch.Generator().manual_seed(seed)
     steps, last_losses = 0, []
     try:
@@ -66,6 +69,8 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: i
                 loss = loss_fn(model, xb, yb) if loss_fn is not None else F.cross_entropy(model(xb), yb)
                 optimizer.zero_grad()
                 loss.backward()
+                if max_grad_norm:
+                    nn.utils.clip_grad_norm_(params, max_grad_norm)
                 optimizer.step()
                 last_losses.append(loss.item())
                 steps += 1

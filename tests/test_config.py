@@ -46,6 +46,7 @@ def test_readme_tables_are_the_registered_ones():
     ("sample-fraction", 0.0, "(0, 1]"),
     ("sample-fraction", 1.5, "(0, 1]"),
     ("continue-rounds", -1, ">= 0"),
+    ("max-grad-norm", -1.0, ">= 0"),
     ("fedup-rho", 1.5, "(0, 1]"),
     ("fedup-sigma", -1.0, ">= 0"),
     ("fedup-epsilon", 0.0, "> 0"),
@@ -78,6 +79,15 @@ def test_an_lr_schedule_is_refused_where_it_would_not_be_followed():
             parse_config({**overrides, "lr-schedule": "cosine"})
         assert "'lr-schedule'='cosine'" in str(err.value) and fragment in str(err.value)
     assert parse_config({"method": "fedup", "lr-schedule": "cosine"})["lr-schedule"] == "cosine"
+
+
+def test_a_gradient_clip_is_refused_by_the_llm_task_which_would_not_apply_it():
+    """The LLM task trains its adapter with AdamW on llm-lr and no clip: it takes the default and
+    refuses another value in one line; vision and text tasks take any value >= 0."""
+    assert parse_config({"task": "llm-tofu", "method": "ga", "scenario": "client"})["max-grad-norm"] == 100.0
+    with pytest.raises(ConfigError, match=r"'max-grad-norm'=0\.0 applies to vision and text tasks; task 'llm-tofu'"):
+        parse_config({"task": "llm-tofu", "method": "ga", "scenario": "client", "max-grad-norm": 0})
+    assert parse_config({"task": "text-minilm", "max-grad-norm": 0})["max-grad-norm"] == 0.0
 
 
 def test_unknown_key_and_wrong_type():

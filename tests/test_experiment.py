@@ -242,6 +242,15 @@ def test_lethe_stops_clearly_when_the_forget_client_fails(tmp_path):
             fail_nodes=[1])
 
 
+def test_the_gradient_clip_reaches_local_training_and_keys_the_cached_models(tmp_path):
+    """``max-grad-norm`` is what the clients' cross-entropy rounds clip at: a clip far below the
+    gradients trains another original than the default, which the cache does not hand back."""
+    default, _, _ = run(tmp_path, method="retrain", scenario="class")
+    tight, _, _ = run(tmp_path, method="retrain", scenario="class", **{"max-grad-norm": 1e-3})
+    assert tight["cost"]["pretrain"]["rounds"] == 2  # trained, not the default's cached original
+    assert tight["models"]["original"]["test_acc"] != default["models"]["original"]["test_acc"]
+
+
 def test_a_cosine_lr_schedule_steps_down_over_the_rounds_that_build_the_original_and_the_oracle(tmp_path, monkeypatch):
     """Round r of R gets lr (1 + cos(pi (r - 1) / R)) / 2; continued rounds keep the run's lr; the
     scheduled original is cached apart from the constant one."""

@@ -14,7 +14,7 @@ import hashlib
 import json
 
 from tasks.base import State, Task, reports_loss_before
-from tasks.config import Config, ConfigError
+from tasks.config import Config, ConfigError, settings_by_key
 
 MODEL_KEYS = ("llm-model", "llm-data-dir", "llm-num-authors", "llm-qa-per-author", "llm-forget-fraction",
               "llm-lora-rank", "llm-lora-alpha", "llm-target-modules", "llm-load-in-4bit",
@@ -41,6 +41,10 @@ class LLMTask(Task):
         if cfg["lr-schedule"] != "constant":  # local training reads llm-lr, not the scheduled lr
             raise ConfigError(f"run-config 'lr-schedule'={cfg['lr-schedule']!r} applies to vision and text tasks; "
                               f"task '{self.name}' takes 'constant'")
+        clip = settings_by_key()["max-grad-norm"].default
+        if cfg["max-grad-norm"] != clip:  # the adapter's AdamW training (llm-lr) has no clip setting
+            raise ConfigError(f"run-config 'max-grad-norm'={cfg['max-grad-norm']!r} applies to vision and text tasks; "
+                              f"task '{self.name}' leaves it at {clip}")
 
     def check_setup(self, cfg: Config, num_clients: int) -> None:
         from tasks.llm.federation_setup import check_llm_setup

@@ -136,7 +136,8 @@ class VisionTask(Task):
             epochs = data.local_epochs(role, cfg, epochs)  # the leaving client's poisoning (tasks.requests)
             loss = train_local(model, x, y, epochs=epochs, batch_size=cfg["batch-size"],
                                lr=float(conf.get("lr", cfg["lr"])), momentum=cfg["momentum"], seed=seed,
-                               scope=scope, max_steps=int(conf.get("max-steps", 0)) or None, device=device)
+                               scope=scope, max_steps=int(conf.get("max-steps", 0)) or None, device=device,
+                               max_grad_norm=cfg["max-grad-norm"] or None)
         metrics["loss"] = float(loss)
         return {k: v.detach().cpu() for k, v in _uploaded_state(model, scope).items()}, metrics
 

@@ -321,9 +321,38 @@ def test_restore_keeps_the_model_the_retained_clients_rate_best():
     assert guard["restore_kept"] == 2 and final["lin.weight"][0, 0].item() == 2.0
 
 
+def test_restore_goes_on_while_no_restored_model_is_near_the_start():
+    """Reference 0.02 (the retained loss on the model rectification started from), target 0.02 + 0.05.
+    Two restore rounds leave 0.6 and 0.5 (seed 11, 7 clients alpha 0.1, class: five rounds swung to
+    2.6 and 4.3 and the best kept 0.54): extra rounds follow, each judged by the next round's reports
+    and each applying half its update (the scripted retain update is +1), until one model is at
+    0.05 <= 0.07; that model is kept and restore stops there. With at most one extra round, 0.3 is the
+    best it reaches (its report comes from a round without training)."""
+    def run(script, extra):
+        cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 2,
+                            "lethe-restore-extra-rounds": extra})
+        fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
+        fed.start_phase("unlearn")
+        ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
+        guard, lethe = {}, ScriptedLethe(script)
+        state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
+        final = lethe.restore_rounds(ctx, state, guard=guard, reference=0.02)
+        return final["lin.weight"][0, 0].item(), guard, fed.cost("unlearn").rounds
+
+    weight, guard, rounds = run([(1.0, 0.3), (1.0, 0.6), (1.0, 0.5), (1.0, 0.3), (1.0, 0.05), (1.0, 0.2)], extra=10)
+    assert weight == 3.0 and guard["restore_kept"] == 4 and guard["restore_extra_rounds"] == 2 and rounds == 5
+    assert guard["restore_losses"] == pytest.approx([0.3, 0.6, 0.5, 0.3, 0.05])
+    weight, guard, rounds = run([(1.0, 0.3), (1.0, 0.6), (1.0, 0.5), (1.0, 0.3)], extra=1)
+    assert weight == 2.5 and guard["restore_kept"] == 3 and rounds == 4
+    # a restore within the target after its own rounds takes no extra round
+    weight, guard, rounds = run([(1.0, 0.3), (1.0, 0.6), (1.0, 0.06)], extra=10)
+    assert weight == 2.0 and "restore_extra_rounds" not in guard and rounds == 3
+
+
 def restore_with_checkpoints(script, restore_rounds=1, search=0, search_rise=0.05):
     cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": restore_rounds,
-                        "lethe-backbone-search": search, "lethe-backbone-search-rise": search_rise})
+                        "lethe-backbone-search": search, "lethe-backbone-search-rise": search_rise,
+                        "lethe-restore-extra-rounds": 0})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -376,7 +405,7 @@ def test_a_restore_that_diverges_is_run_again_from_one_rectification_step_earlie
     the last rectification step (weight 1) and completes both rounds (1 + 2)."""
     def run(retries):
         cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 2,
-                            "lethe-restore-retries": retries})
+                            "lethe-restore-retries": retries, "lethe-restore-extra-rounds": 0})
         fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
         fed.start_phase("unlearn")
         ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)

@@ -65,6 +65,7 @@ log = logging.getLogger("fedunlearn")
 
 SHRINK_TRIES = 3  # halvings of an overshooting rectification step before it is rolled back
 REFERENCE_SEARCH = 3  # bisection steps of the client scenario's last step towards the reference
+EXTRA_STEP = 0.5  # the share of its update an extra restore round applies (restore_rounds says why)
 VERIFY_Z = 1.645  # one-sided 95 % normal quantile: the client check's margin over the clean-data reference
 
 State = dict[str, torch.Tensor]
@@ -436,7 +437,18 @@ class Lethe(FedAvg, UnlearningMethod):
         than ``lethe-max-backbone-rise`` above ``reference`` (or non-finite), the rectified backbone
         is broken without its adapter: restore goes back one rectification step (the round is run
         again; ``guard["backbone_steps_undone"]``), at worst to the original; then the largest passing
-        fraction of the step undone last is taken back (:meth:`_backbone_search`)."""
+        fraction of the step undone last is taken back (:meth:`_backbone_search`).
+
+        Extra rounds (ours): while no model after a restore step has a retained loss (its reports,
+        as :func:`_best_restored` reads them) within ``lethe-restore-target-rise`` of ``reference``,
+        at most ``lethe-restore-extra-rounds`` more rounds follow, each applying ``EXTRA_STEP`` of its
+        update (``guard["restore_extra_rounds"]``); the first model within the target ends restore.
+        Measured (seed 11, 7 clients alpha 0.1, class): five rounds swung the retained loss to 2.6
+        and 4.3 and the best of them was 0.51 above the original (test accuracy 0.819 against
+        retrain's 0.960); ten extra full steps kept swinging (best 0.139, test 0.919); half steps
+        reached 0.078 after nine (test 0.947). Restore's own rollback guard does not judge extra
+        rounds (they only ever add candidates), and one that would make the model non-finite ends
+        them (``guard["restore_stopped_round"]``) without counting as a failed restore."""
         cfg, fed = ctx.cfg, ctx.fed
         guard = {} if guard is None else guard
         param_names = [n for n, _ in ctx.model_factory([]).named_parameters()]
@@ -445,7 +457,9 @@ class Lethe(FedAvg, UnlearningMethod):
         baseline: dict[int, float] = {}
         before = None  # the state before the last applied restore step
         judged: list[tuple[dict, State]] = []  # (retained loss-before per node, the state it judges)
-        for t in range(1, cfg["lethe-restore-rounds"] + 1):
+        rounds = cfg["lethe-restore-rounds"]
+        target = None if reference is None else reference + cfg["lethe-restore-target-rise"]
+        for t in range(1, rounds + (cfg["lethe-restore-extra-rounds"] if rounds else 0) + 1):
             round_no = cfg["lethe-rectify-rounds"] + t
             check = fallback is not None and t == 1
             forget_views, retain_views, forget_loss = self._streams(
@@ -482,28 +496,40 @@ class Lethe(FedAvg, UnlearningMethod):
                 guard["backbone_retain_loss"] = _mean_loss(retain_views)
             if t == 1:
                 baseline = {v["node"]: float(v["metrics"]["loss"]) for v in retain_views}
+            extra = t > rounds
+            if extra:  # an extra round (see below): its reports judge the last step's model first
+                judged.append((_losses_before(retain_views), state))
+                if not _short_of_target(judged, target):
+                    break
+                guard["restore_extra_rounds"] = t - rounds
+                log.info("[lethe] restore: no restored model is within %.3g nats of the retained loss on the start "
+                         "(best %.3g): extra round %d", cfg["lethe-restore-target-rise"], min(_judged_means(judged)[1:]),
+                         t - rounds)
             now, then = _retain_losses(retain_views, baseline)
-            if before is not None and now is not None and not (math.isfinite(now)
-                                                               and now <= then + cfg["lethe-max-retain-rise"]):
+            if not extra and before is not None and now is not None and not (
+                    math.isfinite(now) and now <= then + cfg["lethe-max-retain-rise"]):
                 log.warning("[lethe] guard: after restore round %d the retained loss is %.3g against %.3g: "
                             "that step is rolled back, restore stops", t - 1, now, then)
                 guard["restore_rolled_back_round"] = t - 1
                 state = before
                 break
-            judged.append((_losses_before(retain_views), state))
+            if not extra:
+                judged.append((_losses_before(retain_views), state))
             forget = mean_update(forget_views, state, param_names)
             retain = mean_update(retain_views, state, param_names)
             update = remove_forget_component(retain, forget)
+            if extra:
+                update = scale_update(update, EXTRA_STEP)
             candidate = _step(state, update, retain_views, buffer_names)
             if nonfinite_tensors(candidate):
                 log.warning("[lethe] guard: restore round %d would make the model non-finite: not applied, "
                             "restore stops", t)
-                guard["restore_refused_round"] = t
+                guard["restore_stopped_round" if extra else "restore_refused_round"] = t
                 break
             before, state = state, candidate
             aligned = sum(1 for s in layer_alignment(retain, forget).values() if s > 0)
-            log.info("[lethe] restore round %d/%d: forget component removed from %d/%d layers", t,
-                     cfg["lethe-restore-rounds"], aligned, len(param_names))
+            log.info("[lethe] restore round %d/%d: forget component removed from %d/%d layers", t, rounds, aligned,
+                     len(param_names))
         else:
             if judged:  # the last step's model: one more round of reports, without training
                 _, retain_views, _ = self._streams(ctx, state, [], round_no=cfg["lethe-rectify-rounds"] + t + 1,
@@ -704,18 +730,31 @@ def _best_restored(judged: list[tuple[dict, State]], guard: dict) -> State:
     it let 20 continued FedAvg rounds bring the class back to 0.404). A non-finite report is never
     chosen. ``guard["restore_losses"]`` holds the losses (index 0: the model restore started from),
     ``guard["restore_kept"]`` the chosen index."""
-    common = set.intersection(*(set(losses) for losses, _ in judged))
-    means = []
-    for losses, _ in judged:
-        total = sum(losses[n][0] for n in common)
-        mean = sum(losses[n][0] * losses[n][1] for n in common) / total if total else math.nan
-        means.append(mean if math.isfinite(mean) else math.inf)
+    means = _judged_means(judged)
     kept = min(range(1, len(means)), key=lambda i: (means[i], -i)) if len(means) > 1 else 0
     guard["restore_losses"], guard["restore_kept"] = means, kept
     if kept != len(judged) - 1:
         log.info("[lethe] restore: the model after restore step %d has the lowest retained loss (%.3g against %.3g "
                  "for the last): kept", kept, means[kept], means[-1])
     return judged[kept][1]
+
+
+def _judged_means(judged: list[tuple[dict, State]]) -> list[float]:
+    """Per judged model, the count-weighted mean loss-before over the retained clients that reported on
+    every one of them (``inf`` where non-finite or nobody did)."""
+    common = set.intersection(*(set(losses) for losses, _ in judged))
+    means = []
+    for losses, _ in judged:
+        total = sum(losses[n][0] for n in common)
+        mean = sum(losses[n][0] * losses[n][1] for n in common) / total if total else math.nan
+        means.append(mean if math.isfinite(mean) else math.inf)
+    return means
+
+
+def _short_of_target(judged: list[tuple[dict, State]], target: float | None) -> bool:
+    """No model after a restore step (``judged[1:]``) has a retained loss at or below ``target``
+    (``None``: no target, never short)."""
+    return target is not None and len(judged) > 1 and min(_judged_means(judged)[1:]) > target
 
 
 def _mean_loss(views) -> float:

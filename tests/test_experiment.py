@@ -16,7 +16,7 @@ from strategies.common.federation import Federation, RoundFailed
 
 TINY = {"pretrain-rounds": 2, "continue-rounds": 2, "local-epochs": 1, "mia-max-samples": 30,
         "fedup-epochs": 20, "lethe-rectify-rounds": 1, "lethe-restore-rounds": 1, "lethe-adapter-steps": 3,
-        "lethe-verify-passes": 0}
+        "lethe-verify-passes": 0, "lethe-restore-extra-rounds": 0}
 
 
 def run(tmp_path, num_clients=4, fail_nodes=(), **overrides):

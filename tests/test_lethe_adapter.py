@@ -127,3 +127,38 @@ def test_each_ascent_step_moves_the_adapter_by_lr():
     metrics = train_adapter_ascent(model, 0, forget_data(), steps=1, lr=0.3, seed=2, max_loss=1e6)
     moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(model.plugins[0].parameters(), before)))
     assert metrics["steps"] == 1 and float(moved) == pytest.approx(0.3, rel=1e-4)
+
+
+def test_a_saturated_model_is_still_ascended_along_its_label_margin():
+    """Every forget sample is class 0 with a logit lead of 200: the float32 cross-entropy is 0 and its
+    gradient exactly 0 (seed 34, 10 clients alpha 0.5, client backdoor: amplify could not move). The
+    ascent then lowers the label's margin instead, by lr per step, and the margin shrinks."""
+    model = with_adapter()
+    with torch.no_grad():
+        model.head.bias.copy_(torch.tensor([200.0, 0.0, 0.0]))
+    x, _ = forget_data()
+    y = torch.zeros(len(x), dtype=torch.long)
+
+    def margin():
+        model.eval()
+        with torch.no_grad():
+            logits = model(x)
+        return float((logits[:, 0] - logits[:, 1:].amax(1)).mean())
+
+    assert forget_loss(model, x, y) == 0.0
+    start = margin()
+    metrics = train_adapter_ascent(model, 0, (x, y), steps=5, lr=0.5, seed=3)
+    assert metrics["steps"] == 5 and metrics["margin_steps"] == 5 and metrics["stopped_early"] == 0
+    assert margin() < start - 0.1
+
+
+def test_a_tiny_gradient_step_does_not_overflow_float32():
+    """1 / norm of a 1e-41 gradient is past the largest float32 (torch refuses it as alpha); the step
+    is formed in float64."""
+    from strategies.lethe.adapter import _add_scaled
+
+    param = torch.zeros(3)
+    _add_scaled(param, torch.full((3,), 1e-41), 1e40)
+    assert param.dtype == torch.float32 and torch.allclose(param, torch.full((3,), 0.1), rtol=1e-3)
+    _add_scaled(param, torch.ones(3), 0.5)
+    assert torch.allclose(param, torch.full((3,), 0.6), rtol=1e-3)

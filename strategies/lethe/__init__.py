@@ -30,7 +30,7 @@ METHODS = (
         objectives={"adapter-ascent": "strategies.lethe.client:adapter_ascent"},
         plugins={"lethe-adapter": "strategies.lethe.adapter:build_plugin"},
         presets={"llm": LLM_PRESET},
-        smoke={"lethe-rectify-rounds": 1, "lethe-restore-rounds": 1},
+        smoke={"lethe-rectify-rounds": 1, "lethe-restore-rounds": 1, "lethe-restore-extra-rounds": 0},
         check=check_settings,
     ),
 )

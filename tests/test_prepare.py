@@ -8,6 +8,7 @@ from flwr.app import Context, RecordDict
 from flwr.common.config import get_fused_config_from_dir, parse_config_args
 
 from client_app import prepare, state
+from tasks import partition
 from tasks.vision.task import VisionTask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +24,9 @@ def _flower_context(node_config: str, overrides: str) -> Context:
 
 def test_a_prepared_node_answers_its_first_message_from_the_stored_view(tmp_path, monkeypatch):
     node = f"partition-id=1 num-partitions=4 view-cache-dir='{tmp_path}'"
+    # a fresh process, as on a node: an earlier test in this worker may hold the same assignment in memory
+    partition._dirichlet_indices.cache_clear()
+    state._view.cache_clear()
     line = prepare.prepare(node, RUN_OVERRIDES)
     assert line.startswith("prepared client 1 (task 'digits-lenet5', scenario 'class')") and str(tmp_path) in line
     assert len(list(tmp_path.glob("view-*.npz"))) == 1 and len(list(tmp_path.glob("partition-*.npz"))) == 1

@@ -197,10 +197,10 @@ def _margin_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _add_scaled(param: torch.Tensor, grad: torch.Tensor, scale: float) -> None:
-    """``param += scale * grad``. On a model saturated on the forget data the gradient can be as small
-    as 1e-45 (measured: seed 34, 10 clients alpha 0.5, client backdoor, Lethe's second pass), and
-    ``1 / norm`` then exceeds the largest float32, which torch refuses as ``alpha``; the product is
-    formed in float64 there (elsewhere the float32 ``alpha`` path, bit for bit as before)."""
+    """``param += scale * grad``. On a model saturated on the forget data the gradient can be so small
+    that ``1 / norm`` exceeds the largest float32, which torch refuses as ``alpha`` (measured: seed 34,
+    10 clients alpha 0.5, client backdoor, Lethe's second pass crashed); the product is formed in
+    float64 there (elsewhere the float32 ``alpha`` path, bit for bit as before)."""
     if scale < torch.finfo(param.dtype).max:
         param.add_(grad, alpha=scale)
     else:

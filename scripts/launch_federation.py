@@ -367,13 +367,15 @@ class LocalSimulation:
     (``flwr/cli/local_superlink.py``), and waited for up to ``startup_timeout`` seconds; ``flwr run``
     then finds it healthy and uses it. Flower's own start waits 15 s and then kills it, which a
     two-core CI machine busy with other tests exceeds (the run then fails before it starts).
+    ``env`` adds to the environment of the SuperLink and of ``flwr`` (e.g. ``RAY_ADDRESS``, so the
+    simulation joins a running Ray cluster: ``ray_cluster.RayCluster``).
     """
 
-    def __init__(self, flwr_home: Path, startup_timeout: float = 120.0):
+    def __init__(self, flwr_home: Path, startup_timeout: float = 120.0, env: dict[str, str] | None = None):
         self.home = Path(flwr_home)
         self.startup_timeout = startup_timeout
         self.port = free_port()
-        self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        self.env = {**os.environ, **(env or {}), "FLWR_HOME": str(self.home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
                     "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.port),
                     "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
         self.process: subprocess.Popen | None = None

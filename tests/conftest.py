@@ -16,7 +16,7 @@ def digits_config():
 
 # The end-to-end files that mostly wait on Flower's polling go first, so that under
 # ``-n 3 --dist loadfile`` (pyproject addopts) the rest of the suite runs beside them instead of after.
-FIRST = ("test_deployment.py", "test_flwr_run.py", "test_nothing_lost.py")
+FIRST = ("test_deployment.py", "test_flwr_run.py", "test_nothing_lost.py", "test_ray_cluster.py")
 
 
 def pytest_collection_modifyitems(config, items):

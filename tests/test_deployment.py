@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from launch_federation import LocalFederation, group_members  # noqa: E402
+from results_metrics import flat_metrics  # noqa: E402
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not (Path(sys.executable).parent / "flower-superlink").exists(),
@@ -47,15 +48,6 @@ def _run_config(work: Path, method: str, extra: str = "") -> str:
 
 def _results(folder: str) -> dict:
     return json.loads((Path(folder) / "results.json").read_text())
-
-
-def _metrics(results: dict) -> dict[str, float]:
-    """Every number a method is compared by: each model's metrics and the resurfacing figures."""
-    flat = {f"{model}.{key}": value for model, entry in results["models"].items()
-            for key, value in entry.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
-    flat.update({f"resurfacing.{key}": value for key, value in results["resurfacing"].items()
-                 if isinstance(value, (int, float))})
-    return flat
 
 
 def test_supernode_without_a_registered_key_cannot_join(deployment):
@@ -85,7 +77,7 @@ def test_retrain_and_fedup_over_tls_give_simulations_metrics(deployment, tmp_pat
             assert deployed["cost"]["unlearn"]["rounds"] == 1 and deployed["cost"]["unlearn"]["bytes_up"] > 0
         simulated_config = parse_overrides(_run_config(tmp_path, method))
         simulated = _results(run_inprocess(simulated_config, NUM_NODES))  # its own cache: trained afresh
-        ours, theirs = _metrics(deployed), _metrics(simulated)
+        ours, theirs = flat_metrics(deployed), flat_metrics(simulated)
         assert ours.keys() == theirs.keys() and len(ours) > 10
         differences = {k: abs(ours[k] - theirs[k]) for k in ours
                        if not (math.isnan(ours[k]) and math.isnan(theirs[k]))}  # both diverged alike

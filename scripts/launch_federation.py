@@ -3,10 +3,13 @@ experiment on it, collect its results, and stop every process it started.
 
 What it does, in a fresh temporary folder (``--workdir`` keeps it):
 
-1. a TLS certificate authority and a SuperLink certificate for ``localhost``/``127.0.0.1``, and one
+1. a TLS certificate authority and a SuperLink certificate for ``localhost``/``127.0.0.1`` (and
+   ``--host``, when given), and one
    ECDSA P-384 key pair per SuperNode (OpenSSH format, like ``ssh-keygen -t ecdsa -b 384``),
    all generated with ``cryptography`` (a dependency of flwr, so no system tool is needed);
-2. ``flower-superlink`` with TLS and ``--enable-supernode-auth`` on a free loopback port;
+2. ``flower-superlink`` with TLS and ``--enable-supernode-auth`` on a free port: on loopback, or with
+   ``--host ADDRESS`` on all interfaces as on a real server, the nodes and ``flwr`` then connecting
+   to ``ADDRESS`` (this machine's own non-loopback address stands in for the server's);
 3. a connection ``[superlink.<name>]`` (address + root certificate) in its own
    ``FLWR_HOME/config.toml``, and every node key registered with ``flwr supernode register``;
 4. ``--nodes`` ``flower-supernode`` processes (``partition-id=i num-partitions=N``, or
@@ -54,9 +57,9 @@ SUPEREXEC_POLL = "0.25"  # seconds between a SuperNode's checks for a task to st
 
 
 def free_port() -> int:
-    """A TCP port on loopback that nothing listens on now (the kernel picks it)."""
+    """A TCP port that nothing listens on now, on any interface (the kernel picks it)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("", 0))
         return sock.getsockname()[1]
 
 
@@ -72,6 +75,25 @@ def group_members(pgid: int) -> list[int]:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 members.append(int(entry.name))
     return members
+
+
+def own_address() -> str:
+    """This machine's address on its default route (what another host would connect to), or
+    127.0.0.1 when it has none. A UDP ``connect`` sends nothing; it only picks the interface."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("192.0.2.123", 9))  # TEST-NET-1: never answered, only routed
+            return sock.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address or a name) is this machine's loopback."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def write_certificates(folder: Path, hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")) -> dict[str, Path]:
@@ -145,14 +167,20 @@ class RunResult:
 
 
 class LocalFederation:
-    """SuperLink + SuperNodes as separate processes on loopback, TLS and node authentication on.
+    """SuperLink + SuperNodes as separate processes on this machine, TLS and node authentication on.
 
     ``node_config(i)`` gives node ``i``'s ``--node-config`` string (default: its partition of
     ``num_nodes``). Every child runs in its own process group, logged to ``<workdir>/logs``.
+
+    ``host`` is the address the nodes and ``flwr`` connect to. On loopback (the default) the
+    SuperLink listens there only; any other address makes it listen on all interfaces
+    (``--host 0.0.0.0``), as a real server does. Flower 1.42's SuperLink then reaches its own
+    Runtime API, for the ServerApp, at 127.0.0.1 with TLS, so the certificate names 127.0.0.1 (and
+    ``localhost``, ``::1``) besides ``host``: without it, every run is created and never starts.
     """
 
     def __init__(self, workdir: Path, num_nodes: int, node_config: Callable[[int], str] | None = None,
-                 max_wait: float = 120.0, prepare: bool = True):
+                 max_wait: float = 120.0, prepare: bool = True, host: str = "127.0.0.1"):
         if num_nodes < 2:
             raise ValueError(f"--nodes={num_nodes}: a federation needs at least 2 SuperNodes")
         self.workdir = Path(workdir)
@@ -164,7 +192,8 @@ class LocalFederation:
         self.home = self.workdir / "flwr-home"
         self.env = {**os.environ, "FLWR_HOME": str(self.home)}
         self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.host = host
+        self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
         self.processes: dict[str, subprocess.Popen] = {}
         self.certs: dict[str, Path] = {}
 
@@ -248,11 +277,12 @@ class LocalFederation:
 
     # --- bring-up -------------------------------------------------------------------------
     def start(self) -> None:
-        self.certs = write_certificates(self.workdir / "certificates")
+        self.certs = write_certificates(self.workdir / "certificates",
+                                        tuple(dict.fromkeys(("localhost", "127.0.0.1", "::1", self.host))))
         self._spawn("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(self.certs["ca"]),
                                   "--ssl-certfile", str(self.certs["cert"]), "--ssl-keyfile", str(self.certs["key"]),
                                   "--enable-supernode-auth", "--disable-runtime-dependency-installation",
-                                  "--host", "127.0.0.1", "--port", str(self.port)])
+                                  "--host", "127.0.0.1" if is_loopback(self.host) else "0.0.0.0", "--port", str(self.port)])
         self._write_connection()
         self._wait_for(lambda: self._listening(), "the SuperLink to listen on " + self.address, "superlink")
         for i in range(self.num_nodes):
@@ -483,6 +513,9 @@ def _raise_on_signal(signum, _frame) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=3, help="number of SuperNodes")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address the SuperNodes connect to (default 127.0.0.1); any other makes the SuperLink "
+                             "listen on all interfaces, as on a server (e.g. this machine's own network address)")
     parser.add_argument("--run-config", default="", help="overrides, as for flwr run --run-config")
     parser.add_argument("--data-root", type=Path,
                         help="node i reads its own data from DATA_ROOT/i (data-path; vision: train.npz/test.npz or "
@@ -500,6 +533,10 @@ def main() -> int:
         home = Path(os.environ.get("FLWR_HOME", "~/.flwr"))
         print(f"stopped local SuperLink pids {stop_local_superlink(home)} of {home}")
         return 0
+    try:
+        socket.getaddrinfo(args.host, None)
+    except (socket.gaierror, UnicodeError):
+        parser.error(f"--host={args.host}: not an IP address or a name this machine resolves")
     if args.data_root is not None and not args.data_root.is_dir():
         parser.error(f"--data-root={args.data_root}: not a folder")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fedunlearn-federation-"))
@@ -509,7 +546,8 @@ def main() -> int:
         node_config = lambda i: f'data-path="{root / str(i)}" partition-id={i}'  # noqa: E731
     signal.signal(signal.SIGTERM, _raise_on_signal)
     try:
-        with LocalFederation(workdir, args.nodes, node_config, prepare=not args.no_prepare) as federation:
+        with LocalFederation(workdir, args.nodes, node_config, prepare=not args.no_prepare,
+                             host=args.host) as federation:
             print(f"SuperLink {federation.address} with {args.nodes} SuperNodes (TLS, node auth); "
                   f"processes {federation.pids()}; logs in {workdir / 'logs'}", flush=True)
             result = federation.run(args.run_config, on_line=lambda line: print(line, end="", flush=True),

@@ -1,5 +1,7 @@
-"""The app over Flower's Deployment Engine: a SuperLink and 3 SuperNodes as separate processes on
-loopback, TLS and SuperNode authentication on, brought up by ``scripts/launch_federation.py``.
+"""The app over Flower's Deployment Engine: a SuperLink and 3 SuperNodes as separate processes, TLS
+and SuperNode authentication on, brought up by ``scripts/launch_federation.py``; the SuperLink
+listens on all interfaces and the nodes connect to this machine's network address, as from other
+hosts (loopback where the machine has no other address).
 
 One federation serves the whole module (starting one costs seconds); the tests run in file order:
 an unregistered node is refused, ``retrain`` and ``fedup`` give simulation's metrics (every node
@@ -21,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from launch_federation import LocalFederation, group_members  # noqa: E402
+from launch_federation import LocalFederation, group_members, own_address  # noqa: E402
 from results_metrics import flat_metrics  # noqa: E402
 
 pytestmark = [pytest.mark.slow,
@@ -34,9 +36,11 @@ NUM_NODES = 3
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    """The running federation, an unregistered intruder node, and what the tests hand on."""
+    """The running federation, an unregistered intruder node, and what the tests hand on. The
+    SuperLink listens on all interfaces and the nodes connect to this machine's own network
+    address (loopback only where it has none), as SuperNodes on other hosts would."""
     work = tmp_path_factory.mktemp("deployment")
-    federation = LocalFederation(work / "federation", NUM_NODES)
+    federation = LocalFederation(work / "federation", NUM_NODES, host=own_address())
     with federation:
         intruder = federation.start_node(NUM_NODES, register=False, name="intruder")
         yield {"federation": federation, "intruder": intruder, "work": work}

@@ -1,10 +1,15 @@
-"""The project stands alone: every file or module its docs and docstrings name exists in it."""
+"""The project stands alone: every file or module its docs and docstrings name exists in it, and the
+deployment guide's certificate commands make what Flower needs."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP = ("server_app", "client_app", "strategies", "tasks", "benchmarks", "scripts", "docs", "tests")
@@ -56,3 +61,25 @@ def test_nothing_points_outside_the_repository():
     outside = sorted({str(path.relative_to(ROOT)) for path, text in _texts()
                       if re.search(r"DESIGN\.md|\.\./shared|papers/\d{3}|paper `?\d{3}", text)})
     assert not outside, outside
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None or shutil.which("bash") is None, reason="needs openssl and bash")
+def test_the_documented_certificate_recipe_names_the_server_and_loopback(tmp_path):
+    """docs/deployment.md's openssl commands, run as written (``SERVER`` = a host name): the SuperLink
+    certificate is signed by the CA, P-384, and valid for the name the nodes use *and* for 127.0.0.1
+    and ::1, where Flower 1.42's SuperLink reaches its own Runtime API to start a run's ServerApp."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    text = (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
+    block = re.search(r"\*\*Certificates\*\*.*?```bash\n(.*?)```", text, re.S).group(1)
+    done = subprocess.run(["bash", "-c", block.replace("SERVER", "superlink.example.org")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
+    server = x509.load_pem_x509_certificate((tmp_path / "server.pem").read_bytes())
+    server.verify_directly_issued_by(ca)
+    assert isinstance(server.public_key(), ec.EllipticCurvePublicKey) and server.public_key().curve.name == "secp384r1"
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "superlink.example.org" in names.get_values_for_type(x509.DNSName)
+    assert {str(ip) for ip in names.get_values_for_type(x509.IPAddress)} >= {"127.0.0.1", "::1"}

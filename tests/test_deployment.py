@@ -12,7 +12,6 @@ killed while unlearning, and no process left behind.
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from launch_federation import LocalFederation, group_members, own_address  # noqa: E402
-from results_metrics import flat_metrics  # noqa: E402
+from results_metrics import metric_differences  # noqa: E402
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not (Path(sys.executable).parent / "flower-superlink").exists(),
@@ -81,10 +80,7 @@ def test_retrain_and_fedup_over_tls_give_simulations_metrics(deployment, tmp_pat
             assert deployed["cost"]["unlearn"]["rounds"] == 1 and deployed["cost"]["unlearn"]["bytes_up"] > 0
         simulated_config = parse_overrides(_run_config(tmp_path, method))
         simulated = _results(run_inprocess(simulated_config, NUM_NODES))  # its own cache: trained afresh
-        ours, theirs = flat_metrics(deployed), flat_metrics(simulated)
-        assert ours.keys() == theirs.keys() and len(ours) > 10
-        differences = {k: abs(ours[k] - theirs[k]) for k in ours
-                       if not (math.isnan(ours[k]) and math.isnan(theirs[k]))}  # both diverged alike
+        differences = metric_differences(deployed, simulated)
         assert differences and max(differences.values()) <= 0.01, differences
     for i in range(NUM_NODES):  # each node was prepared before the first run (client_app.prepare) ...
         assert f"prepared client {i}" in federation.log_of(f"prepare-supernode-{i}")

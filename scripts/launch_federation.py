@@ -96,9 +96,11 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def write_certificates(folder: Path, hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")) -> dict[str, Path]:
+def write_certificates(folder: Path, host: str = "localhost") -> dict[str, Path]:
     """A CA (``ca.crt``) and a SuperLink key and certificate signed by it (``server.key``,
-    ``server.pem``) valid for ``hosts``."""
+    ``server.pem``) valid for ``host`` and for loopback (``localhost``, 127.0.0.1, ::1): Flower 1.42's
+    SuperLink on a bind-all host reaches its own Runtime API at 127.0.0.1 over the same TLS."""
+    hosts = tuple(dict.fromkeys(("localhost", "127.0.0.1", "::1", host)))
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -277,8 +279,7 @@ class LocalFederation:
 
     # --- bring-up -------------------------------------------------------------------------
     def start(self) -> None:
-        self.certs = write_certificates(self.workdir / "certificates",
-                                        tuple(dict.fromkeys(("localhost", "127.0.0.1", "::1", self.host))))
+        self.certs = write_certificates(self.workdir / "certificates", self.host)
         self._spawn("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(self.certs["ca"]),
                                   "--ssl-certfile", str(self.certs["cert"]), "--ssl-keyfile", str(self.certs["key"]),
                                   "--enable-supernode-auth", "--disable-runtime-dependency-installation",

@@ -34,9 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from launch_federation import BIN, free_port, group_members  # noqa: E402
+from launch_federation import BIN, free_port, group_members  # imported with scripts/ on sys.path, as the tests do
 
 OBJECT_STORE_BYTES = 256 * 1024**2  # per node; Ray's default (30 % of memory each) would reserve most of a small machine
 

@@ -10,6 +10,12 @@ per cell and every method starts from the same original. The client scenario use
   retrain's in at least 80 % of the valid cells.
 - FedUP (class scenario): forget accuracy <= 0.02 with retain accuracy within 0.02 of retrain's in
   every valid cell.
+
+"Within" is read as written, on both sides: a method that keeps 0.10 *more* test accuracy than the
+retrain oracle is as far from it as one that keeps 0.10 less (``holds``). A utility bar can also be
+read one-sided, "not more than the tolerance below retrain" (nothing destroyed); that reading is
+kept beside it in ``no_worse``, the totals count both, and a miss says ``above`` or ``below``, so a
+table never mixes the two readings.
 - No run may crash the grid (a failing run is reported with its one-line error and the grid goes
   on), and no non-finite model is shown as a number (continued training that diverged shows its
   round, CT-KR and RR are not printed).
@@ -36,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one's
 
 from server_app.atomic import write_text  # noqa: E402
@@ -44,8 +52,9 @@ from tasks.validity import ORIGINAL_CHECKS  # noqa: E402
 
 LETHE_TEST_TOL, LETHE_KR_TOL, LETHE_KR_SHARE = 0.03, 0.05, 0.8
 FEDUP_FORGET_MAX, FEDUP_RETAIN_TOL = 0.02, 0.02
+HELD_SHARE = 0.8
 COLUMNS = ("seed", "clients", "alpha", "scenario", "method", "validity", "test_acc", "d_test", "u_kr", "ct_kr",
-           "rr", "forget_acc", "retain_acc", "bar", "holds", "error")
+           "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse", "leaving_holds", "error")
 
 
 def parse_shapes(text: str) -> list[tuple[int, float]]:
@@ -65,6 +74,26 @@ def parse_shapes(text: str) -> list[tuple[int, float]]:
 
 def _num(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def leaving_holds(config: dict, clients: int) -> str:
+    """Client scenario: the classes of which the leaving client holds at least ``HELD_SHARE`` of the
+    training pool, as ``class:share`` (e.g. ``"1:0.91 3:0.99"``; ``""`` for none).
+
+    The retrain oracle never sees most of those classes, so its test accuracy falls below the
+    original's by about their share of the test set while its retain accuracy stays high: a method
+    that removes only the poisoned behaviour and keeps the client's clean classes lands *above*
+    retrain. The column says when a cell is of that kind; it flags nothing."""
+    from tasks.config import parse_config
+    from tasks.partition import dirichlet_partitions
+    from tasks.requests import resolve_forget_client
+
+    cfg = parse_config({**config, "scenario": "client"}, num_clients=clients)
+    labels = cfg.task.load_images(cfg["data-dir"], cfg["download"]).y.numpy()
+    leaving = dirichlet_partitions(labels, clients, cfg["dirichlet-alpha"], cfg["seed"])[
+        resolve_forget_client(cfg, labels, clients)]
+    share = np.bincount(labels[leaving], minlength=labels.max() + 1) / np.bincount(labels, minlength=labels.max() + 1)
+    return " ".join(f"{c}:{share[c]:.2f}" for c in np.flatnonzero(share >= HELD_SHARE))
 
 
 def summarise(results: dict) -> dict:
@@ -88,16 +117,26 @@ def judge(method: str, scenario: str, row: dict, ref: dict | None) -> tuple[str,
     def near(key: str, tol: float) -> bool:
         return mine[key] is not None and theirs[key] is not None and abs(mine[key] - theirs[key]) <= tol
 
+    def utility(key: str, tol: float) -> str:
+        """``ok``, ``above`` or ``below``: where ``key`` lies against retrain's, ``tol`` either side;
+        sets ``row["no_worse"]`` (the one-sided reading)."""
+        if mine[key] is None or theirs[key] is None:
+            row["no_worse"] = False
+            return "unmeasured"
+        row["no_worse"] = mine[key] >= theirs[key] - tol
+        return "ok" if near(key, tol) else ("above" if mine[key] > theirs[key] else "below")
+
     if method == "lethe":
-        ok_test = mine["test_acc"] is not None and theirs["test_acc"] is not None \
-            and mine["test_acc"] >= theirs["test_acc"] - LETHE_TEST_TOL
+        test = utility("test_acc", LETHE_TEST_TOL)
         row["lethe_kr_ok"] = near("u_kr", LETHE_KR_TOL) and near("ct_kr", LETHE_KR_TOL)
-        return (f"test>=re-{LETHE_TEST_TOL}:{'ok' if ok_test else 'MISS'} "
-                f"U/CT-KR+-{LETHE_KR_TOL}:{'ok' if row['lethe_kr_ok'] else 'miss'}"), ok_test
+        return (f"test+-{LETHE_TEST_TOL}:{test if test == 'ok' else 'MISS ' + test} "
+                f"U/CT-KR+-{LETHE_KR_TOL}:{'ok' if row['lethe_kr_ok'] else 'miss'}"), test == "ok"
     if method == "fedup" and scenario == "class":
-        ok = mine["forget_acc"] is not None and mine["forget_acc"] <= FEDUP_FORGET_MAX \
-            and near("retain_acc", FEDUP_RETAIN_TOL)
-        return f"forget<={FEDUP_FORGET_MAX} retain+-{FEDUP_RETAIN_TOL}", ok
+        forgets = mine["forget_acc"] is not None and mine["forget_acc"] <= FEDUP_FORGET_MAX
+        retain = utility("retain_acc", FEDUP_RETAIN_TOL)
+        row["no_worse"] = forgets and row["no_worse"]
+        return (f"forget<={FEDUP_FORGET_MAX}:{'ok' if forgets else 'MISS'} "
+                f"retain+-{FEDUP_RETAIN_TOL}:{retain if retain == 'ok' else 'MISS ' + retain}"), forgets and retain == "ok"
     return "no bar", None
 
 
@@ -137,7 +176,9 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
         row["seconds"] = round(time.perf_counter() - started, 1)
         rows.append(row)
     valid = bool(validity and validity.get("original_valid"))
+    held = leaving_holds(base, clients) if scenario == "client" else None
     for row in rows:
+        row["leaving_holds"] = held
         own = row.get("validity_failed", [])
         cell_flags = [f for f in (validity or {}).get("failed", []) if f in ORIGINAL_CHECKS]
         flags = sorted(set(cell_flags) | {f for f in own if f not in ORIGINAL_CHECKS})
@@ -159,6 +200,10 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
     return rows
 
 
+def _count_no_worse(rows: list[dict]) -> int:
+    return sum(1 for r in rows if r.get("no_worse") in (True, "yes"))
+
+
 def totals(rows: list[dict]) -> list[str]:
     """One line per bar: how many valid cells meet it."""
     lines = []
@@ -167,7 +212,8 @@ def totals(rows: list[dict]) -> list[str]:
         test_ok = sum(1 for r in lethe if r["holds"])
         kr_ok = sum(1 for r in lethe if r.get("lethe_kr_ok"))
         lines.append(f"Lethe test_acc within {LETHE_TEST_TOL} of retrain: {test_ok}/{len(lethe)} valid cells "
-                     f"({'holds' if test_ok == len(lethe) else 'MISSED'}, bar: every cell)")
+                     f"({'holds' if test_ok == len(lethe) else 'MISSED'}, bar: every cell); "
+                     f"not more than {LETHE_TEST_TOL} below it: {_count_no_worse(lethe)}/{len(lethe)}")
         lines.append(f"Lethe U-KR and CT-KR within {LETHE_KR_TOL} of retrain: {kr_ok}/{len(lethe)} valid cells "
                      f"({'holds' if kr_ok >= LETHE_KR_SHARE * len(lethe) else 'MISSED'}, bar: "
                      f">= {LETHE_KR_SHARE:.0%})")
@@ -176,11 +222,56 @@ def totals(rows: list[dict]) -> list[str]:
     if fedup:
         ok = sum(1 for r in fedup if r["holds"])
         lines.append(f"FedUP class forget <= {FEDUP_FORGET_MAX}, retain within {FEDUP_RETAIN_TOL}: {ok}/{len(fedup)} "
-                     f"valid cells ({'holds' if ok == len(fedup) else 'MISSED'}, bar: every cell)")
+                     f"valid cells ({'holds' if ok == len(fedup) else 'MISSED'}, bar: every cell); "
+                     f"retain not more than {FEDUP_RETAIN_TOL} below: {_count_no_worse(fedup)}/{len(fedup)}")
     errors = [r for r in rows if "error" in r]
     flagged = {(r["seed"], r["clients"], r["alpha"], r["scenario"]) for r in rows if not r.get("cell_valid")}
     lines.append(f"runs that failed: {len(errors)}; cells flagged (original invalid): {len(flagged)}")
     return lines
+
+
+def _parse(text: str) -> float | None:
+    """A saved CSV figure as a number (``None`` for blanks and marks such as ``diverged@4``)."""
+    try:
+        return _num(float(text))
+    except (TypeError, ValueError):
+        return None
+
+
+def rejudge(paths: list[str], overrides: dict) -> list[dict]:
+    """The rows of saved grid CSVs (``--out``), judged again by this file's bars; nothing is run.
+
+    A cell is valid when its rows carry none of ``ORIGINAL_CHECKS`` (as ``run_cell`` wrote them). A
+    later file's row replaces an earlier one's of the same cell and method (a cell run again).
+    ``overrides`` are the grid's ``--run-config`` (the rows do not keep it; ``leaving_holds`` needs
+    the task)."""
+    latest: dict[tuple, dict] = {}
+    for path in paths:
+        with open(path, newline="", encoding="utf-8") as handle:
+            for row in csv.DictReader(handle):
+                latest[tuple(row[k] for k in ("seed", "clients", "alpha", "scenario", "method"))] = row
+    rows = list(latest.values())
+    cells: dict[tuple, list[dict]] = {}
+    for row in rows:
+        for key in ("test_acc", "d_test", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc"):
+            row[key] = _parse(row[key])
+        if not row.get("error"):
+            row.pop("error", None)
+        flags = set(filter(None, row["validity"].split(";")))
+        row["cell_valid"] = row["validity"] != "unknown" and not flags & set(ORIGINAL_CHECKS)
+        cells.setdefault((row["seed"], row["clients"], row["alpha"], row["scenario"]), []).append(row)
+    for (seed, clients, alpha, scenario), cell in cells.items():
+        ref = next((r for r in cell if r["method"] == "retrain" and "error" not in r), None)
+        held = leaving_holds({**overrides, "seed": int(seed), "dirichlet-alpha": float(alpha)},
+                             int(clients)) if scenario == "client" else None
+        for row in cell:
+            row["leaving_holds"], row["holds"] = held, None
+            row.pop("no_worse", None)
+            if "error" in row:
+                row["holds"] = False
+            elif row["cell_valid"]:
+                row["bar"], row["holds"] = judge(row["method"], row["scenario"], row, ref)
+    return rows
 
 
 def write_outputs(out: str, rows: list[dict]) -> None:
@@ -190,7 +281,7 @@ def write_outputs(out: str, rows: list[dict]) -> None:
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS + ("seconds", "folder"), extrasaction="ignore")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: _fmt(row.get(k)) if k in ("holds",) else row.get(k) for k in writer.fieldnames})
+        writer.writerow({k: _fmt(row.get(k)) if k in ("holds", "no_worse") else row.get(k) for k in writer.fieldnames})
     write_text(out + ".csv", buffer.getvalue())
 
 
@@ -204,7 +295,16 @@ def main() -> None:
                         help="shared overrides, as for flwr run --run-config (default: continue-rounds=20)")
     parser.add_argument("--out", default="", help="prefix of the CSV/JSON files (default: <work>/grid)")
     parser.add_argument("--work", default="", help="folder for cache and run outputs (default: a new temp folder)")
+    parser.add_argument("--rejudge", default="", help="comma-separated grid CSVs (from --out) to judge again "
+                        "by the bars above, without running anything")
     args = parser.parse_args()
+    if args.rejudge:
+        rows = rejudge(args.rejudge.split(","), parse_overrides(args.run_config))
+        print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS))
+        for row in rows:
+            print(_markdown(row))
+        print("\n" + "\n".join(totals(rows)))
+        return
     seeds = [int(s) for s in args.seeds.split(",")]
     shapes = parse_shapes(args.shapes)
     methods, scenarios = args.methods.split(","), args.scenarios.split(",")

@@ -196,6 +196,48 @@ def test_grid_cell_judges_bars_flags_invalid_originals_and_survives_a_crash(tmp_
     assert lines[-1] == "runs that failed: 1; cells flagged (original invalid): 1"
 
 
+def test_grid_reads_within_on_both_sides_and_keeps_the_one_sided_reading(tmp_path, monkeypatch):
+    """A method far *above* retrain misses a "within" bar (and the miss says so); the one-sided
+    reading (``no_worse``) still counts it; saved rows judged again give the same verdicts."""
+    grid = _grid_module()
+    outcomes = {"retrain": _fake_results(0.85, 0.0, 0.90, 0.0), "fedup": _fake_results(0.95, 0.0, 0.99, 0.0),
+                "lethe": _fake_results(0.95, 0.0, 0.99, 0.0)}
+
+    def fake_run(config, clients):
+        folder = tmp_path / f"{config['method']}-{config['scenario']}"
+        folder.mkdir(exist_ok=True)
+        (folder / "results.json").write_text(json.dumps(outcomes[config["method"]]))
+        return str(folder)
+
+    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+    rows = grid.run_cell(11, 7, 0.1, "class", ["retrain", "fedup", "lethe"], {})
+    by = {r["method"]: r for r in rows}
+    assert by["fedup"]["holds"] is False and by["fedup"]["no_worse"] is True
+    assert "retain+-0.02:MISS above" in by["fedup"]["bar"]
+    assert by["lethe"]["holds"] is False and by["lethe"]["no_worse"] is True and "MISS above" in by["lethe"]["bar"]
+    lines = grid.totals(rows)
+    assert "0/1 valid cells" in lines[0] and "not more than 0.03 below it: 1/1" in lines[0]
+    assert "0/1 valid cells" in lines[2] and "retain not more than 0.02 below: 1/1" in lines[2]
+
+    outcomes["lethe"] = _fake_results(0.80, 0.0, 0.85, 0.0)  # below: misses both readings
+    rows += grid.run_cell(12, 7, 0.1, "class", ["retrain", "lethe"], {})
+    assert rows[-1]["holds"] is False and rows[-1]["no_worse"] is False and "MISS below" in rows[-1]["bar"]
+    grid.write_outputs(str(tmp_path / "grid"), rows)
+    again = grid.rejudge([str(tmp_path / "grid.csv")], {})
+    assert [(r["method"], r["holds"], r["no_worse"] if "no_worse" in r else None) for r in again] == \
+        [(r["method"], r["holds"], r.get("no_worse")) for r in rows]
+    assert grid.totals(again) == grid.totals(rows)
+
+
+def test_grid_names_the_classes_the_leaving_client_holds():
+    """At alpha 0.05 over 2 clients the leaving (largest) client holds most of some classes; at
+    alpha 1000 (near IID) it holds about half of each, so none is named."""
+    grid = _grid_module()
+    held = grid.leaving_holds({"seed": 3, "dirichlet-alpha": 0.05}, 2)
+    assert held and all(float(item.split(":")[1]) >= grid.HELD_SHARE for item in held.split())
+    assert grid.leaving_holds({"seed": 3, "dirichlet-alpha": 1000.0}, 2) == ""
+
+
 def test_backdoor_client_pretrains_on_clean_copies_and_label_flip_on_poison_epochs():
     """The client scenario's poisoning keeps the original usable: a backdoor client trains its
     triggered samples together with clean copies (true labels) at the federation's epochs; only a

@@ -271,6 +271,8 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
                 row["holds"] = False
             elif row["cell_valid"]:
                 row["bar"], row["holds"] = judge(row["method"], row["scenario"], row, ref)
+            if ref is not None and row["test_acc"] is not None and ref["test_acc"] is not None:
+                row["d_test"] = row["test_acc"] - ref["test_acc"]
     return rows
 
 

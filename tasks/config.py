@@ -125,10 +125,6 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
        one_of(SCENARIOS)),
     setting("poison", str, "label-flip", "how the leaving client's data is made measurable (client scenario)",
        one_of(POISONS)),
-    setting("client-forget", str, "triggered",
-       "what a backdoor client's forget stream holds (client scenario, poison backdoor): its triggered "
-       "samples, or all: also the clean copies it trained on (its whole contribution, as retrain drops it)",
-       one_of(("triggered", "all"))),
     setting("forget-client", int, -1,
        "client whose data (client/sample scenario) is forgotten; -1 = the client with the most samples",
        at_least(-1)),

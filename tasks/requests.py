@@ -69,16 +69,6 @@ class ClientData:
             return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         raise ValueError(f"role {role!r} is unknown: must be all, retain or forget")
 
-    def stream(self, role: str, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
-        """What a method's ``role`` stream trains on: ``split(role)``; with ``client-forget='all'``
-        the forget stream also holds the clean copies (``pretrain_only``), so that a method unlearns
-        the leaving backdoor client's whole contribution, as retrain drops it. The metrics still read
-        the triggered samples (``forget_x``): the backdoor is what U-KR measures."""
-        x, y = self.split(role)
-        if role == "forget" and cfg["client-forget"] == "all" and len(self.pretrain_only_y):
-            return torch.cat([x, self.pretrain_only_x]), torch.cat([y, self.pretrain_only_y])
-        return x, y
-
     def local_epochs(self, role: str, cfg: Config, epochs: int) -> int:
         """Local epochs of one training round in ``role``: ``epochs``, except for the leaving client of
         the client scenario with ``poison='label-flip'`` while the original model is trained (role

@@ -24,7 +24,7 @@ def fedosd_query(task, cfg, data, model, conf: dict, seed: int) -> dict:
     if role not in ("forget", "retain"):
         raise ValueError(f"query.fedosd role must be forget or retain, got {role!r}")
     start = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
-    x, y = data.stream(role, cfg)
+    x, y = data.split(role)
     loss = train_local(model, x, y, epochs=cfg["fedosd-epochs"], batch_size=cfg["fedosd-batch-size"], lr=lr,
                        momentum=0.0, seed=seed, device=device_for(),
                        loss_fn=_uce if role == "forget" else None)

@@ -68,7 +68,7 @@ def pga_query(task, cfg, data, model, conf: dict, seed: int) -> dict:
     _load_params(model, reference)
     model.to(device).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg["pga-lr"], momentum=0.9)
-    x, y = data.stream("forget", cfg)
+    x, y = data.split("forget")
     generator = torch.Generator().manual_seed(seed)
     start_own = squared_distance(reference, own_params)
     steps, stopped, distance_own = 0, False, start_own

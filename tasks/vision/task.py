@@ -124,7 +124,7 @@ class VisionTask(Task):
 
         device = device_for()
         scope = str(conf.get("scope", "all"))
-        x, y = data.stream(role, cfg)
+        x, y = data.split(role)
         metrics = {"num-examples": len(y)}
         if reports_loss_before(conf, role):
             bypass = set(str(conf.get("loss-before-bypass", "")).split(",")) - {""}

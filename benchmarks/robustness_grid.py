@@ -10,15 +10,15 @@ per cell and every method starts from the same original. The client scenario use
   retrain's in at least 80 % of the valid cells.
 - FedUP (class scenario): forget accuracy <= 0.02 with retain accuracy within 0.02 of retrain's in
   every valid cell.
+- No run may crash the grid (a failing run is reported with its one-line error and the grid goes
+  on), and no non-finite model is shown as a number (continued training that diverged shows its
+  round, CT-KR and RR are not printed).
 
 "Within" is read as written, on both sides: a method that keeps 0.10 *more* test accuracy than the
 retrain oracle is as far from it as one that keeps 0.10 less (``holds``). A utility bar can also be
 read one-sided, "not more than the tolerance below retrain" (nothing destroyed); that reading is
 kept beside it in ``no_worse``, the totals count both, and a miss says ``above`` or ``below``, so a
 table never mixes the two readings.
-- No run may crash the grid (a failing run is reported with its one-line error and the grid goes
-  on), and no non-finite model is shown as a number (continued training that diverged shows its
-  round, CT-KR and RR are not printed).
 
 The report seeds default to 11-15: no default of this project was chosen on them (those were
 chosen on 42 and 1-4). The Markdown table goes to stdout as cells finish; ``--out`` receives
@@ -148,9 +148,19 @@ def _fmt(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+def _header() -> str:
+    return "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS)
+
+
 def _markdown(row: dict) -> str:
     cells = [_fmt(row.get(c)) for c in COLUMNS]
     return "| " + " | ".join(cells) + " |"
+
+
+def _set_d_test(row: dict, ref: dict | None) -> None:
+    """``row["d_test"]``: its test accuracy minus retrain's, where both are numbers."""
+    if ref is not None and _num(row.get("test_acc")) is not None and _num(ref.get("test_acc")) is not None:
+        row["d_test"] = row["test_acc"] - ref["test_acc"]
 
 
 def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list[str], shared: dict) -> list[dict]:
@@ -195,13 +205,12 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
                 row[f"{key}_raw"], row[key] = row[key], None
         else:
             row["bar"], row["holds"] = judge(row["method"], scenario, row, ref)
-        if ref is not None and _num(row.get("test_acc")) is not None and _num(ref.get("test_acc")) is not None:
-            row["d_test"] = row["test_acc"] - ref["test_acc"]
+        _set_d_test(row, ref)
     return rows
 
 
 def _count_no_worse(rows: list[dict]) -> int:
-    return sum(1 for r in rows if r.get("no_worse") in (True, "yes"))
+    return sum(1 for r in rows if r.get("no_worse") is True)
 
 
 def totals(rows: list[dict]) -> list[str]:
@@ -271,8 +280,7 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
                 row["holds"] = False
             elif row["cell_valid"]:
                 row["bar"], row["holds"] = judge(row["method"], row["scenario"], row, ref)
-            if ref is not None and row["test_acc"] is not None and ref["test_acc"] is not None:
-                row["d_test"] = row["test_acc"] - ref["test_acc"]
+            _set_d_test(row, ref)
     return rows
 
 
@@ -302,7 +310,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.rejudge:
         rows = rejudge(args.rejudge.split(","), parse_overrides(args.run_config))
-        print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS))
+        print(_header())
         for row in rows:
             print(_markdown(row))
         print("\n" + "\n".join(totals(rows)))
@@ -317,7 +325,7 @@ def main() -> None:
     shared = {"cache-dir": os.path.join(work, "cache"), "outputs-dir": os.path.join(work, "out"),
               **parse_overrides(args.run_config)}
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS), flush=True)
+    print(_header(), flush=True)
     rows: list[dict] = []
     for seed in seeds:  # seeds outermost: a partial run still covers every shape and scenario
         for clients, alpha in shapes:

@@ -15,7 +15,7 @@ def digits_config():
 
 
 # The end-to-end files that mostly wait on Flower's polling go first, so that under
-# ``-n 3 --dist loadfile`` (pyproject addopts) the rest of the suite runs beside them instead of after.
+# ``-n 4 --dist loadfile`` (pyproject addopts) the rest of the suite runs beside them instead of after.
 FIRST = ("test_deployment.py", "test_flwr_run.py", "test_nothing_lost.py", "test_ray_cluster.py")
 
 

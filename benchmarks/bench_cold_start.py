@@ -18,6 +18,11 @@ in one run, ``--repeats`` times (median shown):
   first message reads the view it stored;
 - ``now, own files (data-path), first message``: a node that reads its own ``train.npz`` /
   ``test.npz`` (a real deployment; no partition of a shared pool, so no flwr-datasets), empty cache;
+- ``torch+flwr-clientapp`` and ``now, later messages, inside flwr-clientapp``: the same two with
+  the imports of Flower's ``flwr-clientapp`` command first. A SuperNode starts each ClientApp
+  through that command, whose package (``flwr.supernode.cli``) also imports the SuperNode's own CLI
+  (SQLAlchemy, Alembic, FastAPI): Flower's cost, paid before the app's code is loaded, which the
+  app cannot remove. The variants above time the app's part;
 - ``--base PATH``: also the real code of an older checkout at PATH (its own imports and views).
 
     python benchmarks/bench_cold_start.py [--repeats 3] [--base /path/to/old/checkout]
@@ -39,9 +44,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 FLOOR = "import time, torch, flwr.app, flwr.clientapp; print(time.time())"
+FLOOR_CLI = ("import time, torch, flwr.app, flwr.clientapp; from flwr.supernode.cli.flwr_clientapp import flwr_clientapp; "
+             "print(time.time())")
 
 HELLO = r"""
 import sys, time
+if sys.argv[1] == "inside-flwr-clientapp":
+    from flwr.supernode.cli.flwr_clientapp import flwr_clientapp  # what the SuperNode's command imports first
 if sys.argv[1] == "eager-llm":
     import strategies.firm.client, tasks.llm.federation_model  # the LLM stack client_app.app imported eagerly before
 import client_app.app
@@ -115,6 +124,8 @@ def main() -> None:
             # the class scenario: a data-path federation names its forget client, the default (-1) needs the pool
             "now, own files (data-path), first message": lambda: seconds([HELLO, "lazy", fresh_cache(), "class", own],
                                                                          ROOT),
+            "torch+flwr-clientapp": lambda: seconds([FLOOR_CLI], ROOT),
+            "now, later messages, inside flwr-clientapp": lambda: seconds([HELLO, "inside-flwr-clientapp", warm], ROOT),
         }
         if args.base:
             variants[f"checkout {args.base}"] = lambda: seconds([HELLO, "base", ""], args.base.resolve())
@@ -131,6 +142,8 @@ def main() -> None:
     print(f"before / now (later messages): {median['before'] / later:.1f}x; "
           f"before / now (first message): {median['before'] / median['now, first message']:.1f}x; "
           f"now (later messages) - torch+flwr: {later - median['torch+flwr']:.2f} s")
+    print(f"flwr-clientapp's own imports (Flower's): +{median['torch+flwr-clientapp'] - median['torch+flwr']:.2f} s "
+          f"on the floor, +{median['now, later messages, inside flwr-clientapp'] - later:.2f} s on a later message")
     if args.base:
         print(f"checkout / now (later messages): {median[f'checkout {args.base}'] / later:.1f}x")
 

@@ -1,6 +1,6 @@
 """FUSED: the LoRA plug-in on every vision model, the pure rules, the relabelling, restore, errors.
 
-The phases themselves run in the contract cells (``tests/test_contract.py -k fused``)."""
+The phases themselves run in the contract cells (``tests/test_contract_vision.py -k fused`` and the text one)."""
 
 from __future__ import annotations
 

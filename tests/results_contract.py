@@ -5,8 +5,12 @@ rounds and steps, every phase run). Its results.json must hold the results contr
 block with the presets applied; the model entries with their core metrics (accuracies in [0, 1],
 None where a metric does not apply to the task, e.g. the LLM task's ``test_acc``); the resurfacing
 curve; the validity block; the costs of every phase; the method's details; and, for a reversible
-method, a restored model equal to the original. A method is tested here the moment it registers
-(the LLM cells are marked slow).
+method, a restored model equal to the original. A method is tested the moment it registers.
+
+The cells of one task kind live in one test file (``test_contract_<kind>.py``): under pytest-xdist's
+``--dist loadfile`` each file runs in one worker, and the three kinds share no models (each file's
+module cache builds its own task's originals once), so splitting them by kind costs nothing and
+lets three workers share what one file did alone (698 s of test time, the longest file).
 """
 
 from __future__ import annotations
@@ -28,26 +32,27 @@ LLM_TINY = {"llm-num-authors": 8, "llm-qa-per-author": 3, "llm-forget-fraction":
 CORE = ("retain_acc", "forget_acc", "test_acc", "mia")
 
 
-def _cells():
-    for spec in all_methods():
-        for kind in spec.task_kinds:
-            task = task_for(TASK_OF_KIND[kind])
-            for scenario in spec.scenarios:
-                if scenario in task.scenarios:
-                    marks = [pytest.mark.slow] if kind in ("llm", "text") else []
-                    yield pytest.param(spec, kind, scenario, id=f"{spec.name}-{task.name}-{scenario}", marks=marks)
-
-
 @pytest.fixture(scope="module")
 def shared_cache(tmp_path_factory):
-    """One model cache for the module: the original and retrain of each task and scenario are built once."""
+    """One model cache per test module (each imports this fixture): the original and retrain of each
+    scenario of its task are built once."""
     return str(tmp_path_factory.mktemp("contract-cache"))
 
 
-@pytest.mark.parametrize("spec,kind,scenario", list(_cells()))
-def test_registered_method_keeps_the_results_contract(spec, kind, scenario, shared_cache, tmp_path):
+def cells(kind: str) -> list:
+    """One ``pytest.param(spec, scenario)`` per registered method of task kind ``kind`` and scenario
+    it declares that the kind's task offers (the LLM and text cells are marked slow)."""
+    task = task_for(TASK_OF_KIND[kind])
+    marks = [pytest.mark.slow] if kind in ("llm", "text") else []
+    return [pytest.param(spec, scenario, id=f"{spec.name}-{task.name}-{scenario}", marks=marks)
+            for spec in all_methods() if kind in spec.task_kinds
+            for scenario in spec.scenarios if scenario in task.scenarios]
+
+
+def check_contract(spec, kind: str, scenario: str, cache_dir: str, out_dir: str) -> None:
+    """Run ``spec`` on ``kind``'s task and ``scenario`` (smoke setting) and assert the results contract."""
     run = {"task": TASK_OF_KIND[kind], "method": spec.name, "scenario": scenario, "smoke": True,
-           "cache-dir": shared_cache, "outputs-dir": str(tmp_path), **(LLM_TINY if kind == "llm" else {})}
+           "cache-dir": cache_dir, "outputs-dir": out_dir, **(LLM_TINY if kind == "llm" else {})}
     folder = run_inprocess(run, CLIENTS[kind])
     with open(os.path.join(folder, "results.json")) as handle:
         results = json.load(handle)

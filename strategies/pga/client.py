@@ -30,7 +30,7 @@ import torch
 from torch.nn import functional as F
 
 from strategies.pga.maths import project_to_ball, reference_model, squared_distance
-from tasks.training import device_for, train_local
+from tasks.training import MomentumSGD, device_for, train_local
 
 
 def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -67,7 +67,7 @@ def pga_query(task, cfg, data, model, conf: dict, seed: int) -> dict:
 
     _load_params(model, reference)
     model.to(device).train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg["pga-lr"], momentum=0.9)
+    optimizer = MomentumSGD(model.parameters(), lr=cfg["pga-lr"], momentum=0.9)
     x, y = data.split("forget")
     generator = torch.Generator().manual_seed(seed)
     start_own = squared_distance(reference, own_params)

@@ -511,10 +511,21 @@ def test_a_first_pass_that_forgot_is_kept_and_checked_once():
 
 
 def test_when_every_pass_still_knows_the_one_that_knows_least_is_kept():
-    weight, details, _ = verified([counts(20), counts(30)])
+    weight, details, _ = verified([counts(20), counts(30)], **{"lethe-verify-passes": 1})
     assert weight == 1.0 and details["kept_pass"] == 1
     weight, details, lethe = verified([counts(30), counts(20), counts(25)], **{"lethe-verify-passes": 2})
     assert weight == 2.0 and lethe.starts == [0.0, 1.0, 2.0] and len(details["forget_checks"]) == 3
+
+
+def test_by_default_up_to_three_more_passes_run_and_stop_at_the_first_that_passes():
+    """The default ``lethe-verify-passes`` (3): a backdoor still known after two more passes gets a
+    third, which is kept once its check passes; a model that still knows after the third is not
+    passed on to a fourth."""
+    weight, details, lethe = verified([counts(74), counts(51), counts(31), counts(1)])
+    assert weight == 4.0 and details["kept_pass"] == 4 and len(lethe.starts) == 4
+    assert [c["known"] for c in details["forget_checks"]] == [True, True, True, False]
+    weight, details, lethe = verified([counts(74), counts(51), counts(31), counts(9), counts(1)])
+    assert len(lethe.starts) == 4 and details["kept_pass"] == 4  # no fifth pass; the least known kept
 
 
 def test_verify_off_or_unmeasurable_leaves_one_pass():

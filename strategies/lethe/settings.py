@@ -67,7 +67,7 @@ SETTINGS: tuple[Setting, ...] = (
     setting("lethe-restore-retries", int, 2,
             "restore guard: when restore's own guard acts (a restore step rolled back or refused), restore again from "
             "the backbone one rectification step earlier, at most this many times", at_least(0)),
-    setting("lethe-verify-passes", int, 1,
+    setting("lethe-verify-passes", int, 3,
             "after restore the forget clients check the restored model (class, sample: it predicts at most "
             "lethe-verify-forget-acc of the forget set as its label; client: no more of it as the target than of their "
             "clean test data, with a one-sided 95 % margin); while it fails, at most this many more passes of "

@@ -608,9 +608,9 @@ class Lethe(FedAvg, UnlearningMethod):
         the class but left a retained loss of 2.33 against the original's 0.016 (test accuracy 0.611
         against retrain's 0.966). Up to three more passes by default: a second pass can still leave
         the forget set partly known (seed 4, 7 clients alpha 0.1, class: 0.812 after two passes,
-        0.000 after three), and a pass only runs where the check before it failed, so every model
-        that passes a check is the one fewer passes give (docs/lethe.md, "Up to three verify
-        passes"). ``method.forget_checks`` holds each check, ``method.passes`` the later
+        0.000 after three), and a pass only runs where the check before it failed, so a run whose
+        first or second check passes gives the model it gave with one pass allowed (docs/lethe.md,
+        "Up to three verify passes"). ``method.forget_checks`` holds each check, ``method.passes`` the later
         passes' ``gamma_bounds``, ``rectify_guard`` and ``utility``, ``method.kept_pass`` the kept one."""
         cfg = ctx.cfg
         self.round_offset = 0

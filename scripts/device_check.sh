@@ -7,7 +7,10 @@
 #    as tested here, ...) into /tmp/site; 2. prints the GPU and package versions; 3. runs the 4-bit
 #    NF4 / FIRM-on-4-bit tests (tests/test_gpu_4bit.py); 4. times FIRM's merge, projection and Fisher
 #    on cuda and cpu (benchmarks/bench_firm.py) and FedUP's filter training (benchmarks/bench_fedup.py
-#    --filter-only); 5. (STRETCH=1, default) a whole in-process LLM run with 4-bit clients.
+#    --filter-only); 5. the Deployment Engine on this GPU: scripts/launch_federation.py brings up a
+#    SuperLink and 2 SuperNodes (TLS, node authentication) and runs one FedUP class request, while
+#    nvidia-smi is sampled to see the ClientApp processes on the GPU; 6. (STRETCH=1, default) a whole
+#    in-process LLM run with 4-bit clients.
 # Every step is guarded (a failure is reported, the next step runs) and time-boxed against one overall
 # deadline (BUDGET seconds, default 480), so the whole finishes inside a 600 s device call. Everything
 # printed goes to $OUT/device_log.txt too; results files are copied into $OUT with flat names.
@@ -50,9 +53,43 @@ step() {
     return 0
 }
 
+# The Deployment Engine on this GPU (docs/deployment.md): a SuperLink and 2 SuperNodes as separate
+# processes, one FedUP class request on a short schedule. The ClientApp uses CUDA when it sees it; a
+# sampler writes every GPU compute process (pid, memory, command line where /proc shows it) once a
+# second, and the check fails unless a flwr-clientapp process was among them.
+deploy_on_gpu() {
+    local seen="$OUT/deploy_gpu_processes.txt" sampler results
+    (while sleep 1; do
+        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null |
+            while IFS=', ' read -r pid memory _; do
+                echo "$(date +%s) pid=$pid memory=$memory $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-160)"
+            done
+    done) > "$seen" 2>&1 &
+    sampler=$!
+    step "deployment: SuperLink + 2 SuperNodes (TLS, node auth) on this GPU, fedup class" 200 \
+        python3 scripts/launch_federation.py --nodes 2 --workdir "$WORK/federation" --timeout 170 --run-config \
+        "method='fedup' scenario='class' pretrain-rounds=2 continue-rounds=1 local-epochs=1 fedup-epochs=20 mia-max-samples=30 outputs-dir='$WORK/deploy-out' cache-dir='$WORK/deploy-cache'"
+    kill "$sampler" 2>/dev/null
+    echo "GPU compute processes seen during the run: $(wc -l < "$seen") samples"
+    grep -m 5 . "$seen"
+    if grep -q flwr-clientapp "$seen"; then
+        echo "flwr-clientapp processes on the GPU: $(grep flwr-clientapp "$seen" | awk '{print $2}' | sort -u | wc -l)"
+    elif [ -s "$seen" ]; then
+        SUMMARY+=("FAIL  deployment: GPU processes seen, but none is flwr-clientapp by its command line (see deploy_gpu_processes.txt)")
+    else
+        SUMMARY+=("FAIL  deployment: no process used the GPU during the run")
+    fi
+    results=$(find "$WORK/deploy-out" -name results.json 2>/dev/null | head -1)
+    [ -n "$results" ] && cp "$results" "$OUT/deploy_gpu_results.json" && echo "copied $results -> $OUT/deploy_gpu_results.json"
+    cp -r "$WORK/federation/logs" "$OUT/deploy_logs" 2>/dev/null
+    return 0
+}
+
 main() {
     section "install carried wheels"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
+    # the carried packages' commands (flwr, flower-superlink, flwr-clientapp, ...) land in /tmp/site/bin
+    export PATH=/tmp/site/bin:$PATH
     ls .whl
 
     section "machine"
@@ -99,6 +136,8 @@ EOF
         python3 benchmarks/bench_firm.py --device cpu --clock wall --repeats 1 --fisher
     step "bench_fedup --filter-only: cpu vs cuda" 90 \
         python3 benchmarks/bench_fedup.py --filter-only --device cpu,cuda --filter-epochs 10
+
+    deploy_on_gpu
 
     if [ "$STRETCH" = 1 ]; then
         step "stretch: in-process llm-tofu firm run, 4 clients, llm-load-in-4bit=$STRETCH_4BIT" 300 \

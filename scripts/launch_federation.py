@@ -49,7 +49,26 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+
+
+def flower_bin() -> Path:
+    """The folder of Flower's commands (``flwr``, ``flower-superlink``, and ``flower-superexec`` and
+    ``flwr-clientapp``, which the SuperLink and SuperNodes start by name): next to this interpreter, as
+    in a virtual environment, else where ``flwr`` is found on PATH (packages installed with ``pip
+    --target``, whose commands land in the target's ``bin``)."""
+    beside = Path(sys.executable).parent
+    on_path = shutil.which("flwr")
+    return beside if (beside / "flwr").exists() or on_path is None else Path(on_path).parent
+
+
+def with_flower_on_path(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with ``BIN`` first on PATH: the SuperLink and the SuperNodes start ``flower-superexec``
+    and ``flwr-clientapp`` by name, so an interpreter run by its full path, without its environment
+    activated, would otherwise find none (or another installation's)."""
+    return {**env, "PATH": os.pathsep.join(filter(None, [str(BIN), env.get("PATH")]))}
+
+
+BIN = flower_bin()
 CONNECTION = "fedunlearn-local"
 RESULTS_LINE = re.compile(r"fedunlearn results folder: (\S+)")
 RUN_ID_LINE = re.compile(r"Successfully started run (\d+)")
@@ -192,7 +211,7 @@ class LocalFederation:
         self.prepare = prepare
         self.node_configs: dict[str, str] = {}
         self.home = self.workdir / "flwr-home"
-        self.env = {**os.environ, "FLWR_HOME": str(self.home)}
+        self.env = with_flower_on_path({**os.environ, "FLWR_HOME": str(self.home)})
         self.port = free_port()
         self.host = host
         self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
@@ -406,9 +425,10 @@ class LocalSimulation:
         self.home = Path(flwr_home)
         self.startup_timeout = startup_timeout
         self.port = free_port()
-        self.env = {**os.environ, **(env or {}), "FLWR_HOME": str(self.home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-                    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.port),
-                    "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())}
+        self.env = with_flower_on_path({**os.environ, **(env or {}), "FLWR_HOME": str(self.home),
+                                        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+                                        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.port),
+                                        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port())})
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> "LocalSimulation":

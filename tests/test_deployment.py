@@ -12,6 +12,7 @@ killed while unlearning, and no process left behind.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -22,12 +23,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from launch_federation import LocalFederation, group_members, own_address  # noqa: E402
+from launch_federation import BIN, LocalFederation, group_members, own_address  # noqa: E402
 from results_metrics import metric_differences  # noqa: E402
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not (Path(sys.executable).parent / "flower-superlink").exists(),
-                                 reason="flower-superlink not installed next to this Python")]
+              pytest.mark.skipif(not (BIN / "flower-superlink").exists(),
+                                 reason="flower-superlink not installed (next to this Python or on PATH)")]
 
 TINY = "scenario='class' pretrain-rounds=2 continue-rounds=1 local-epochs=1 fedup-epochs=20 mia-max-samples=30"
 NUM_NODES = 3
@@ -37,9 +38,16 @@ NUM_NODES = 3
 def deployment(tmp_path_factory):
     """The running federation, an unregistered intruder node, and what the tests hand on. The
     SuperLink listens on all interfaces and the nodes connect to this machine's own network
-    address (loopback only where it has none), as SuperNodes on other hosts would."""
+    address (loopback only where it has none), as SuperNodes on other hosts would. Every folder
+    that holds Flower's commands is taken off PATH, as when an interpreter is run by its full path
+    without its environment activated: the SuperLink and the nodes start ``flower-superexec`` and
+    ``flwr-clientapp`` by name, and the launcher must give them the folder itself."""
     work = tmp_path_factory.mktemp("deployment")
-    federation = LocalFederation(work / "federation", NUM_NODES, host=own_address())
+    without_flower = [folder for folder in os.environ.get("PATH", "").split(os.pathsep)
+                      if folder and not any((Path(folder) / name).exists() for name in ("flower-superexec", "flwr-clientapp"))]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", os.pathsep.join(without_flower))
+        federation = LocalFederation(work / "federation", NUM_NODES, host=own_address())
     with federation:
         intruder = federation.start_node(NUM_NODES, register=False, name="intruder")
         yield {"federation": federation, "intruder": intruder, "work": work}

@@ -50,7 +50,7 @@ class ScriptedLethe(Lethe):
 
     def __init__(self, script, forget_delta=-1.0, retain_delta=1.0, forget_accs=()):
         super().__init__()
-        self.script, self.forget_delta, self.calls = list(script), forget_delta, []
+        self.script, self.forget_delta, self.calls, self.configs = list(script), forget_delta, [], []
         self.retain_delta, self.forget_accs = retain_delta, list(forget_accs)
 
     def _forget_accuracy(self, ctx, state, round_no):
@@ -60,15 +60,19 @@ class ScriptedLethe(Lethe):
         return self.client_evals.pop(0) if getattr(self, "client_evals", None) else (1.0, 0.0)
 
     def _streams(self, ctx, state, plugins, *, round_no, stop_loss=None, **config):
-        forget_loss, retain_loss = self.script.pop(0)
+        forget_loss, retain_loss, *before = self.script.pop(0)  # before: the retained loss-before, if not the loss
         self.calls.append((round_no, float(state["lin.weight"].flatten()[0])))
-        def view(delta, loss, node, n):  # loss-before: each group's scripted loss, on the received model
+        self.configs.append(config)
+        def view(delta, loss, node, n, loss_before):  # loss-before: on the received model
             arrays = ArrayRecord({k: v + delta for k, v in state.items()})
-            return {"arrays": arrays, "metrics": {"num-examples": n, "loss": loss, "loss-before": loss}, "node": node}
+            return {"arrays": arrays, "metrics": {"num-examples": n, "loss": loss, "loss-before": loss_before},
+                    "node": node}
 
         # anti-aligned streams: eq. 10 applies -forget on every weight, the clip keeps it at |retain| = 1
-        forget_views = [view(self.forget_delta, forget_loss, 1, 10)]
-        retain_views = [view(self.retain_delta, retain_loss, 2, 30), view(self.retain_delta, retain_loss, 3, 30)]
+        retain_before = before[0] if before else retain_loss
+        forget_views = [view(self.forget_delta, forget_loss, 1, 10, forget_loss)]
+        retain_views = [view(self.retain_delta, retain_loss, 2, 30, retain_before),
+                        view(self.retain_delta, retain_loss, 3, 30, retain_before)]
         return forget_views, retain_views, forget_loss
 
 
@@ -99,12 +103,24 @@ def test_normal_stop_keeps_every_step():
     assert rounds == 3 and guard["baseline_retain_loss"] == pytest.approx(0.2)
 
 
+def test_the_start_loss_is_read_on_the_backbone_before_training():
+    """Rectification's first round has the retained clients also report their loss of the received
+    model with the temporary adapter bypassed (``start_retain_loss``): restore's models are judged by
+    that measure. Their training loss in that round, with the adapter on, is the rectify guard's own
+    reference (``baseline_retain_loss``); measured (seed 14, 10 clients alpha 0.5, sample) it was
+    0.368 on an original with retained accuracy 0.997."""
+    _, _, guard, lethe, _ = rectify([(1.0, 0.37, 0.01), (5.0, 0.37), (15.0, 0.37)])
+    assert guard["baseline_retain_loss"] == pytest.approx(0.37) and guard["start_retain_loss"] == pytest.approx(0.01)
+    assert [c.get("report-loss-before") for c in lethe.configs] == ["retain", None, None]
+
+
 def test_overshoot_shortens_the_last_step_until_it_is_checked_ok():
     # round 3 reports 100 nats (> 3 x 12): round 2's step is halved, the half reports 20 nats -> kept
     weight, history, guard, lethe, rounds = rectify([(1.0, 0.2), (5.0, 0.2), (100.0, 0.2), (20.0, 0.2)])
     assert weight == 1.5
     assert guard == {"round": 2, "verdict": "overshoot", "action": "shrunk", "factor": 0.5, "then": "stop",
-                     "forget_loss": 20.0, "retain_loss": pytest.approx(0.2), "baseline_retain_loss": pytest.approx(0.2)}
+                     "forget_loss": 20.0, "retain_loss": pytest.approx(0.2), "baseline_retain_loss": pytest.approx(0.2),
+                     "start_retain_loss": pytest.approx(0.2)}
     assert history[-1]["verdict"] == "overshoot" and rounds == 4
     assert lethe.calls[-1][1] == 1.5  # the shortened model is what was checked
 
@@ -322,13 +338,15 @@ def test_restore_keeps_the_model_the_retained_clients_rate_best():
 
 
 def test_restore_goes_on_while_no_restored_model_is_near_the_start():
-    """Reference 0.02 (the retained loss on the model rectification started from), target 0.02 + 0.05.
+    """Target 0.02 (the retained clients' loss of the model rectification started from, received and
+    untrained, as restore's reports read each model) + 0.05; their training loss with the adapter on
+    (``reference``, 0.5 here) does not move it.
     Two restore rounds leave 0.6 and 0.5 (seed 11, 7 clients alpha 0.1, class: five rounds swung to
     2.6 and 4.3 and the best kept 0.54): extra rounds follow, each judged by the next round's reports
     and each applying half its update (the scripted retain update is +1), until one model is at
     0.05 <= 0.07; that model is kept and restore stops there. With at most one extra round, 0.3 is the
     best it reaches (its report comes from a round without training)."""
-    def run(script, extra):
+    def run(script, extra, target=0.02):
         cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 2,
                             "lethe-restore-extra-rounds": extra})
         fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
@@ -336,7 +354,7 @@ def test_restore_goes_on_while_no_restored_model_is_near_the_start():
         ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
         guard, lethe = {}, ScriptedLethe(script)
         state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
-        final = lethe.restore_rounds(ctx, state, guard=guard, reference=0.02)
+        final = lethe.restore_rounds(ctx, state, guard=guard, reference=0.5, target_reference=target)
         return final["lin.weight"][0, 0].item(), guard, fed.cost("unlearn").rounds
 
     weight, guard, rounds = run([(1.0, 0.3), (1.0, 0.6), (1.0, 0.5), (1.0, 0.3), (1.0, 0.05), (1.0, 0.2)], extra=10)
@@ -346,6 +364,9 @@ def test_restore_goes_on_while_no_restored_model_is_near_the_start():
     assert weight == 2.5 and guard["restore_kept"] == 3 and rounds == 4
     # a restore within the target after its own rounds takes no extra round
     weight, guard, rounds = run([(1.0, 0.3), (1.0, 0.6), (1.0, 0.06)], extra=10)
+    assert weight == 2.0 and "restore_extra_rounds" not in guard and rounds == 3
+    # without a start loss read that way there is no target: no extra round
+    weight, guard, rounds = run([(1.0, 0.3), (1.0, 0.6), (1.0, 0.5)], extra=10, target=None)
     assert weight == 2.0 and "restore_extra_rounds" not in guard and rounds == 3
 
 
@@ -493,8 +514,8 @@ def test_a_restored_model_that_still_knows_the_forget_set_gets_another_pass_from
 def test_a_later_pass_that_broke_utility_is_never_kept(pass2_loss, kept):
     # the retained clients' loss: 0.016 on the original; pass 2's restore keeps a model they rate at
     # pass2_loss; lethe-max-retain-rise 0.5 => bound 0.516 (seed 26, 7 clients alpha 0.1, class: 2.33)
-    guards = [{"baseline_retain_loss": 0.016, "restore_losses": [0.3, 0.04], "restore_kept": 1},
-              {"baseline_retain_loss": 0.014, "restore_losses": [0.25, 3.7, pass2_loss], "restore_kept": 2}]
+    guards = [{"start_retain_loss": 0.016, "restore_losses": [0.3, 0.04], "restore_kept": 1},
+              {"start_retain_loss": 0.014, "restore_losses": [0.25, 3.7, pass2_loss], "restore_kept": 2}]
     weight, details, lethe = verified([counts(86), counts(0)], guards=guards, **{"lethe-verify-passes": 2})
     utility = details["passes"][0]["utility"]
     assert utility["retain_loss"] == pass2_loss and utility["bound"] == pytest.approx(0.516)

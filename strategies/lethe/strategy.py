@@ -158,7 +158,8 @@ class Lethe(FedAvg, UnlearningMethod):
         retain_views = [_role_view(r, "retain") for r in replies if r.metadata.src_node_id in both]
         others = [n for n in retain_nodes if n not in both]
         if others:
-            content = _train_content(arrays, plugins, role="retain", round_no=round_no, **config)
+            retain_config = {**config, "loss-before-bypass": ADAPTER_KIND} if asked else config
+            content = _train_content(arrays, plugins, role="retain", round_no=round_no, **retain_config)
             retain_views += [_role_view(r, "retain") for r in fed.broadcast(others, "train", content, round_no=round_no)]
         if not retain_views:
             raise RoundFailed(f"phase '{fed.phase}' round {round_no}: no retained client replied")
@@ -213,10 +214,14 @@ class Lethe(FedAvg, UnlearningMethod):
         guard: dict = {"action": "none"}
         previous = None  # (state before the last applied step, the step, its retain views, its round)
         checkpoints: list[State] = []  # the state before every applied step, oldest first
+        start_loss = None  # the retained clients' loss of the starting backbone (round 1's loss-before)
         for t in range(1, cfg["lethe-rectify-rounds"] + 1):
+            first = {"report-loss-before": "retain"} if t == 1 else {}
             forget_views, retain_views, forget_loss = self._streams(ctx, state, plugins, round_no=t,
-                                                                    stop_loss=cfg["lethe-stop-loss"], **local)
+                                                                    stop_loss=cfg["lethe-stop-loss"], **local, **first)
             fed.cost(fed.phase).rounds += 1
+            if t == 1:
+                start_loss = _mean_loss_before(retain_views)
             verdict, retain_loss = judge(forget_loss, retain_views, first=t == 1)
             entry = {"forget_loss": forget_loss, "retain_loss": retain_loss}
             forget = mean_update(forget_views, state, param_names)
@@ -281,6 +286,7 @@ class Lethe(FedAvg, UnlearningMethod):
             if previous is not None:  # the round cap ended the phase: no report has judged the last step
                 guard["unchecked"] = previous
         guard["baseline_retain_loss"] = judge.reference_loss
+        guard["start_retain_loss"] = start_loss
         if judge.relative:
             guard["stop_loss"] = judge.stop_loss  # this pass's stop: lethe-stop-loss above its start
         guard["checkpoints"] = [c for c in checkpoints if c is not state]
@@ -411,7 +417,7 @@ class Lethe(FedAvg, UnlearningMethod):
 
     def restore_rounds(self, ctx: UnlearnContext, state: State, *, fallback: State | None = None,
                        guard: dict | None = None, checkpoints: list[State] | None = None,
-                       reference: float | None = None) -> State:
+                       reference: float | None = None, target_reference: float | None = None) -> State:
         """Phase 3, ``lethe-restore-mode=rectified`` (our rule): ``lethe-restore-rounds`` rounds in which
         the retained clients train the adapter-free model as in FedAvg (the run's ``lr``,
         ``local-epochs``) and the forget clients do the same on their forget data; the server applies
@@ -431,8 +437,9 @@ class Lethe(FedAvg, UnlearningMethod):
         12, 10 clients alpha 0.5, class — restore took test accuracy to 0.08 and then to NaN).
 
         ``checkpoints`` (the adapter-free backbones before each applied rectification step, oldest
-        first; the ones used are popped) and ``reference`` (the retained clients' loss on the model
-        rectification started from): rectification judged its steps through the adapter; the first
+        first; the ones used are popped) and ``reference`` (the retained clients' training loss in
+        rectification's first round, on the model it started from with the adapter on): rectification
+        judged its steps through the adapter; the first
         restore round is the first report on the backbone alone. While its retained loss is more
         than ``lethe-max-backbone-rise`` above ``reference`` (or non-finite), the rectified backbone
         is broken without its adapter: restore goes back one rectification step (the round is run
@@ -440,7 +447,9 @@ class Lethe(FedAvg, UnlearningMethod):
         fraction of the step undone last is taken back (:meth:`_backbone_search`).
 
         Extra rounds (ours): while no model after a restore step has a retained loss (its reports,
-        as :func:`_best_restored` reads them) within ``lethe-restore-target-rise`` of ``reference``,
+        as :func:`_best_restored` reads them) within ``lethe-restore-target-rise`` of
+        ``target_reference`` (the same clients' loss of the model rectification started from, read
+        the same way: the received backbone, adapter bypassed, before any training),
         at most ``lethe-restore-extra-rounds`` more rounds follow, each applying ``EXTRA_STEP`` of its
         update (``guard["restore_extra_rounds"]``); the first model within the target ends restore.
         Measured (seed 11, 7 clients alpha 0.1, class): five rounds swung the retained loss to 2.6
@@ -458,7 +467,7 @@ class Lethe(FedAvg, UnlearningMethod):
         before = None  # the state before the last applied restore step
         judged: list[tuple[dict, State]] = []  # (retained loss-before per node, the state it judges)
         rounds = cfg["lethe-restore-rounds"]
-        target = None if reference is None else reference + cfg["lethe-restore-target-rise"]
+        target = None if target_reference is None else target_reference + cfg["lethe-restore-target-rise"]
         for t in range(1, rounds + (cfg["lethe-restore-extra-rounds"] if rounds else 0) + 1):
             round_no = cfg["lethe-rectify-rounds"] + t
             check = fallback is not None and t == 1
@@ -580,7 +589,8 @@ class Lethe(FedAvg, UnlearningMethod):
         earlier (``guard["restore_retries"]`` records what each failed attempt's guard did)."""
         for attempt in range(ctx.cfg["lethe-restore-retries"] + 1):
             result = self.restore_rounds(ctx, base, fallback=fallback, guard=guard, checkpoints=checkpoints,
-                                         reference=guard.get("baseline_retain_loss"))
+                                         reference=guard.get("baseline_retain_loss"),
+                                         target_reference=guard.get("start_retain_loss"))
             failed = {k: guard[k] for k in RESTORE_FAILED if k in guard}
             if not failed or not checkpoints or attempt == ctx.cfg["lethe-restore-retries"]:
                 return result
@@ -616,7 +626,7 @@ class Lethe(FedAvg, UnlearningMethod):
         self.round_offset = 0
         arrays, details = self.one_pass(ctx)
         models, checks = [arrays], []
-        start_loss = details["rectify_guard"].get("baseline_retain_loss")  # the retained loss on the original
+        start_loss = details["rectify_guard"].get("start_retain_loss")  # the retained clients' loss of the original
         while cfg["lethe-verify-passes"]:
             # numbered after restore's last round and the reports on its model
             check = self.still_known(ctx, arrays.to_torch_state_dict(), round_no=cfg["lethe-rectify-rounds"]
@@ -766,6 +776,16 @@ def _mean_loss(views) -> float:
     counts = [int(v["metrics"]["num-examples"]) for v in views]
     total = sum(counts)
     return sum(n * float(v["metrics"]["loss"]) for n, v in zip(counts, views)) / total if total else math.nan
+
+
+def _mean_loss_before(views) -> float | None:
+    """Count-weighted mean ``loss-before`` of ``views`` (the received model's loss, temporary adapter
+    bypassed); ``None`` where a view lacks it."""
+    if not views or any("loss-before" not in v["metrics"] for v in views):
+        return None
+    counts = [int(v["metrics"]["num-examples"]) for v in views]
+    total = sum(counts)
+    return sum(n * float(v["metrics"]["loss-before"]) for n, v in zip(counts, views)) / total if total else None
 
 
 def _backbone_ok(retain_views, reference: float, max_rise: float) -> bool:

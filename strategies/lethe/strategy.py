@@ -220,8 +220,8 @@ class Lethe(FedAvg, UnlearningMethod):
             forget_views, retain_views, forget_loss = self._streams(ctx, state, plugins, round_no=t,
                                                                     stop_loss=cfg["lethe-stop-loss"], **local, **first)
             fed.cost(fed.phase).rounds += 1
-            if t == 1:
-                start_loss = _mean_loss_before(retain_views)
+            if t == 1 and all("loss-before" in v["metrics"] for v in retain_views):
+                start_loss = _mean_loss(retain_views, "loss-before")
             verdict, retain_loss = judge(forget_loss, retain_views, first=t == 1)
             entry = {"forget_loss": forget_loss, "retain_loss": retain_loss}
             forget = mean_update(forget_views, state, param_names)
@@ -771,21 +771,12 @@ def _short_of_target(judged: list[tuple[dict, State]], target: float | None) -> 
     return target is not None and len(judged) > 1 and min(_judged_means(judged)[1:]) > target
 
 
-def _mean_loss(views) -> float:
-    """Count-weighted mean of the reported ``loss`` of ``views`` (nan without any)."""
+def _mean_loss(views, key: str = "loss") -> float:
+    """Count-weighted mean of the reported ``key`` (``loss``, or ``loss-before``: the received model's
+    loss before training) of ``views`` (nan without any)."""
     counts = [int(v["metrics"]["num-examples"]) for v in views]
     total = sum(counts)
-    return sum(n * float(v["metrics"]["loss"]) for n, v in zip(counts, views)) / total if total else math.nan
-
-
-def _mean_loss_before(views) -> float | None:
-    """Count-weighted mean ``loss-before`` of ``views`` (the received model's loss, temporary adapter
-    bypassed); ``None`` where a view lacks it."""
-    if not views or any("loss-before" not in v["metrics"] for v in views):
-        return None
-    counts = [int(v["metrics"]["num-examples"]) for v in views]
-    total = sum(counts)
-    return sum(n * float(v["metrics"]["loss-before"]) for n, v in zip(counts, views)) / total if total else None
+    return sum(n * float(v["metrics"][key]) for n, v in zip(counts, views)) / total if total else math.nan
 
 
 def _backbone_ok(retain_views, reference: float, max_rise: float) -> bool:

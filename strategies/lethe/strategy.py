@@ -216,9 +216,10 @@ class Lethe(FedAvg, UnlearningMethod):
         checkpoints: list[State] = []  # the state before every applied step, oldest first
         start_loss = None  # the retained clients' loss of the starting backbone (round 1's loss-before)
         for t in range(1, cfg["lethe-rectify-rounds"] + 1):
-            first = {"report-loss-before": "retain"} if t == 1 else {}
+            ask_start = {"report-loss-before": "retain"} if t == 1 else {}
             forget_views, retain_views, forget_loss = self._streams(ctx, state, plugins, round_no=t,
-                                                                    stop_loss=cfg["lethe-stop-loss"], **local, **first)
+                                                                    stop_loss=cfg["lethe-stop-loss"], **local,
+                                                                    **ask_start)
             fed.cost(fed.phase).rounds += 1
             if t == 1 and all("loss-before" in v["metrics"] for v in retain_views):
                 start_loss = _mean_loss(retain_views, "loss-before")

@@ -38,7 +38,7 @@ def test_commands_on_path_when_none_is_next_to_the_interpreter(tmp_path, monkeyp
     assert launch_federation.flower_bin() == target
 
 
-def test_started_processes_find_flowers_commands_first_on_path(monkeypatch):
+def test_started_processes_find_flowers_commands_first_on_path():
     env = launch_federation.with_flower_on_path({"PATH": "/usr/bin:/bin", "HOME": "/h"})
     assert env["PATH"].split(os.pathsep) == [str(launch_federation.BIN), "/usr/bin", "/bin"]
     assert env["HOME"] == "/h"

@@ -297,6 +297,25 @@ def test_the_lift_is_recorded_and_off_in_the_client_scenario():
     assert history[0]["retain_lift"] == 1.0
 
 
+def test_a_verify_pass_lifts_the_vanishing_retain_stream_where_the_scenario_does_not():
+    """The class scenario has no floor (lethe-clip-floor-class 0): a first pass keeps the vanishing
+    stream; a verify pass starts from a restored model that fits the retained data, so it lifts to
+    lethe-verify-lift x |forget| (seed 50, 7 clients alpha 0.1, class: |retain| / |forget| 1e-4,
+    ten rounds moved the forget loss from 3.8 to 5.1 against a stop of 15.8)."""
+    script = [(1.0, 0.2), (15.0, 0.2)]
+    _, first, *_ = rectify(script, retain_delta=1e-6, scenario="class")
+    _, later, *_ = rectify(script, retain_delta=1e-6, scenario="class", later_pass=True)
+    assert first[0]["retain_lift"] == 1.0
+    assert later[0]["retain_lift"] == pytest.approx(0.1 * 1.0 / 1e-6, rel=1e-3)
+    _, later, *_ = rectify(script, retain_delta=1e-6, scenario="class", later_pass=True, **{"lethe-verify-lift": 0.0})
+    assert later[0]["retain_lift"] == 1.0
+    # the sample scenario's own floor (0.1) is kept when it is the larger; the client scenario lifts nothing
+    _, later, *_ = rectify(script, retain_delta=1e-6, scenario="sample", later_pass=True, **{"lethe-verify-lift": 0.05})
+    assert later[0]["retain_lift"] == pytest.approx(0.1 * 1.0 / 1e-6, rel=1e-3)
+    _, later, *_ = rectify(script, retain_delta=1e-6, later_pass=True)
+    assert later[0]["retain_lift"] == 1.0
+
+
 def test_the_stop_waits_until_the_forget_set_is_off_its_label():
     """Mean forget loss 15 > 12, yet the backbone still predicts 20 % of the forget set as its label
     (the sample scenario's hidden backdoor): rectification goes on one more step; at 0 % it stops."""

@@ -39,6 +39,11 @@ SETTINGS: tuple[Setting, ...] = (
             "lethe-lift-retain of the client scenario (off: longer steps carried the backdoor share past the "
             "clean-data reference before lethe-stop-at-reference-client could stop them)"),
     setting("lethe-clip-floor-class", float, 0.0, "lethe-clip-floor of the class scenario", at_least(0)),
+    setting("lethe-verify-lift", float, 0.1,
+            "a verify pass (lethe-verify-passes) lifts the retain stream to at least this x the forget stream "
+            "wherever lethe-lift-retain is on, whatever the scenario's lethe-clip-floor: restore has just fit the "
+            "retained data, so their stream vanishes and without a lift the pass's steps do too; 0 = the "
+            "scenario's floor", at_least(0)),
     setting("lethe-clip-floor-client", float, 0.03,
             "lethe-clip-floor of the client scenario (smaller: its steps must stay short enough for "
             "lethe-stop-at-reference-client to fire between them)", at_least(0)),

@@ -208,7 +208,10 @@ class Lethe(FedAvg, UnlearningMethod):
         # a class needs larger steps, a leaving client shorter ones (docs/lethe.md)
         lr, step_clip = scenario_setting(cfg, "lethe-lr"), scenario_setting(cfg, "lethe-step-clip")
         clip_floor = scenario_setting(cfg, "lethe-clip-floor")
-        lift_floor = clip_floor if scenario_setting(cfg, "lethe-lift-retain") else 0.0
+        lift_on = scenario_setting(cfg, "lethe-lift-retain")
+        lift_floor = clip_floor if lift_on else 0.0
+        if lift_on and self.later_pass:  # restore has just fit the retained data (lethe-verify-lift)
+            lift_floor = max(lift_floor, cfg["lethe-verify-lift"])
         local = {"scope": "base", "lr": lr, "epochs": cfg["lethe-epochs"]}
         judge = _Judge(cfg["lethe-stop-loss"], cfg["lethe-max-retain-rise"], relative=self.later_pass)
         guard: dict = {"action": "none"}

@@ -23,6 +23,10 @@ in one run, ``--repeats`` times (median shown):
   through that command, whose package (``flwr.supernode.cli``) also imports the SuperNode's own CLI
   (SQLAlchemy, Alembic, FastAPI): Flower's cost, paid before the app's code is loaded, which the
   app cannot remove. The variants above time the app's part;
+- ``torch+flwr+lean flwr-clientapp`` and ``now, later messages, inside the lean flwr-clientapp``:
+  the same with the imports of the launcher's lean ``flwr-clientapp`` instead (Flower's command
+  function loaded without that package; ``scripts/launch_federation.py``), which SuperNodes the
+  launcher starts use;
 - ``--base PATH``: also the real code of an older checkout at PATH (its own imports and views).
 
     python benchmarks/bench_cold_start.py [--repeats 3] [--base /path/to/old/checkout]
@@ -46,11 +50,19 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOOR = "import time, torch, flwr.app, flwr.clientapp; print(time.time())"
 FLOOR_CLI = ("import time, torch, flwr.app, flwr.clientapp; from flwr.supernode.cli.flwr_clientapp import flwr_clientapp; "
              "print(time.time())")
+# what the launcher's lean flwr-clientapp imports (scripts/launch_federation.py, LEAN_CLIENTAPP): the command's module alone
+LOAD_LEAN = ("import importlib.util, os, flwr.supernode; "
+             "spec = importlib.util.spec_from_file_location('flwr_clientapp_command', os.path.join("
+             "os.path.dirname(flwr.supernode.__file__), 'cli', 'flwr_clientapp.py')); "
+             "spec.loader.exec_module(importlib.util.module_from_spec(spec))")
+FLOOR_LEAN = f"import time, torch, flwr.app, flwr.clientapp; {LOAD_LEAN}; print(time.time())"
 
 HELLO = r"""
 import sys, time
 if sys.argv[1] == "inside-flwr-clientapp":
     from flwr.supernode.cli.flwr_clientapp import flwr_clientapp  # what the SuperNode's command imports first
+if sys.argv[1] == "inside-lean-clientapp":
+    LOAD_LEAN  # (replaced below) what the launcher's lean flwr-clientapp imports first
 if sys.argv[1] == "eager-llm":
     import strategies.firm.client, tasks.llm.federation_model  # the LLM stack client_app.app imported eagerly before
 import client_app.app
@@ -69,7 +81,7 @@ message = Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=7, messa
 reply = client_app.app.app(message, context)
 assert not reply.has_error(), reply.error
 print(time.time())
-"""
+""".replace("LOAD_LEAN  # (replaced below)", LOAD_LEAN + "  #")
 
 
 def seconds(code: list[str], pythonpath: Path) -> float:
@@ -126,6 +138,9 @@ def main() -> None:
                                                                          ROOT),
             "torch+flwr-clientapp": lambda: seconds([FLOOR_CLI], ROOT),
             "now, later messages, inside flwr-clientapp": lambda: seconds([HELLO, "inside-flwr-clientapp", warm], ROOT),
+            "torch+flwr+lean flwr-clientapp": lambda: seconds([FLOOR_LEAN], ROOT),
+            "now, later messages, inside the lean flwr-clientapp": lambda: seconds(
+                [HELLO, "inside-lean-clientapp", warm], ROOT),
         }
         if args.base:
             variants[f"checkout {args.base}"] = lambda: seconds([HELLO, "base", ""], args.base.resolve())
@@ -144,6 +159,10 @@ def main() -> None:
           f"now (later messages) - torch+flwr: {later - median['torch+flwr']:.2f} s")
     print(f"flwr-clientapp's own imports (Flower's): +{median['torch+flwr-clientapp'] - median['torch+flwr']:.2f} s "
           f"on the floor, +{median['now, later messages, inside flwr-clientapp'] - later:.2f} s on a later message")
+    lean = median["now, later messages, inside the lean flwr-clientapp"]
+    print(f"the launcher's lean flwr-clientapp: +{median['torch+flwr+lean flwr-clientapp'] - median['torch+flwr']:.2f} s "
+          f"on the floor, +{lean - later:.2f} s on a later message ({lean:.2f} s; Flower's command: "
+          f"{median['now, later messages, inside flwr-clientapp']:.2f} s)")
     if args.base:
         print(f"checkout / now (later messages): {median[f'checkout {args.base}'] / later:.1f}x")
 

@@ -13,9 +13,11 @@ The original and retrain models are trained once by the in-process run into a sh
 request itself: ``unlearn`` is the unlearning phase (``cost.unlearn.seconds``: what answering the
 deletion request takes), ``run`` the whole run after the cached models are found (hello,
 unlearning, evaluation, continue rounds, restore, report). Also prints the largest metric
-difference between the engines (same seed, same partitions: expected 0).
+difference between the engines (same seed, same partitions: expected 0). ``--flower-clientapp``
+adds a fourth run: the deployment with Flower's own ``flwr-clientapp`` command instead of the
+launcher's lean launcher of the same function.
 
-    python benchmarks/bench_deployment.py [--clients 3] [--run-config "fedup-epochs=200"]
+    python benchmarks/bench_deployment.py [--clients 3] [--run-config "fedup-epochs=200"] [--flower-clientapp]
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ def _results(folder: str) -> dict:
     return json.loads((Path(folder) / "results.json").read_text())
 
 
-def deployment(run_config: str, clients: int, work: Path) -> tuple[dict, float]:
-    with LocalFederation(work / "federation", clients) as federation:
+def deployment(run_config: str, clients: int, work: Path, lean_clientapp: bool = True) -> tuple[dict, float]:
+    with LocalFederation(work / ("federation" if lean_clientapp else "federation-flower-clientapp"), clients,
+                         lean_clientapp=lean_clientapp) as federation:
         started = time.perf_counter()
         result = federation.run(run_config)
         seconds = time.perf_counter() - started
@@ -77,6 +80,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--run-config", default="", help="more overrides, as for flwr run --run-config")
+    parser.add_argument("--flower-clientapp", action="store_true",
+                        help="also run the deployment with Flower's own flwr-clientapp command (the launcher's "
+                             "default is its lean launcher of the same function), side by side")
     args = parser.parse_args()
     if args.clients < 2:
         raise SystemExit("--clients must be >= 2")
@@ -89,6 +95,8 @@ def main() -> None:
                                time.perf_counter() - started)}
         rows["simulation (Ray)"] = simulation(run_config, args.clients, work)
         rows["deployment (TLS, auth)"] = deployment(run_config, args.clients, work)
+        if args.flower_clientapp:
+            rows["deployment, Flower's flwr-clientapp"] = deployment(run_config, args.clients, work, lean_clientapp=False)
     print(f"FedUP request, {args.clients} clients, run config: {run_config.split(' cache-dir')[0]}")
     print("| engine | unlearn s | run s (ServerApp) | wall s (incl. start/stop) |")
     print("| --- | --- | --- | --- |")
@@ -105,6 +113,10 @@ def main() -> None:
     dep, sim = rows["deployment (TLS, auth)"][0], rows["simulation (Ray)"][0]
     print(f"deployment / simulation: unlearn {dep['cost']['unlearn']['seconds'] / sim['cost']['unlearn']['seconds']:.1f}x, "
           f"run {dep['seconds_total'] / sim['seconds_total']:.1f}x")
+    if args.flower_clientapp:
+        flower = rows["deployment, Flower's flwr-clientapp"][0]
+        print(f"Flower's flwr-clientapp / simulation: run {flower['seconds_total'] / sim['seconds_total']:.1f}x; "
+              f"lean / Flower's: run {dep['seconds_total'] / flower['seconds_total']:.2f}x")
     ours, theirs = metrics(dep), metrics(sim)
     both_nan = [k for k in ours if math.isnan(ours[k]) and math.isnan(theirs[k])]  # e.g. a diverged model
     gaps = [abs(ours[k] - theirs[k]) for k in ours if k not in both_nan]

@@ -14,7 +14,9 @@ What it does, in a fresh temporary folder (``--workdir`` keeps it):
    ``FLWR_HOME/config.toml``, and every node key registered with ``flwr supernode register``;
 4. ``--nodes`` ``flower-supernode`` processes (``partition-id=i num-partitions=N``, or
    ``data-path=<folder>/<i>`` with ``--data-root``), each with its own ``FLWR_HOME`` and runtime port,
-   waited for until all are online;
+   waited for until all are online; their PATH starts with a lean ``flwr-clientapp`` launcher
+   (``write_lean_clientapp``: Flower's own command function without the SuperNode CLI's imports;
+   ``--flower-clientapp`` keeps Flower's command);
 5. before each run, ``python -m client_app.prepare`` for every node with the run's config, all at
    once (``prepare=False`` / ``--no-prepare`` skips it): each node's data is checked and its view
    stored, so the run's first message does not compute the partition;
@@ -69,6 +71,41 @@ def with_flower_on_path(env: dict[str, str]) -> dict[str, str]:
 
 
 BIN = flower_bin()
+
+LEAN_CLIENTAPP = '''#!{python}
+"""Flower's `flwr-clientapp` command: the same function (flwr.supernode.cli.flwr_clientapp), loaded
+without its package flwr.supernode.cli, whose __init__ also imports the SuperNode's own CLI
+(SQLAlchemy, Alembic), which a ClientApp process never uses. Written by fedunlearn's
+scripts/launch_federation.py; where that file is missing it runs Flower's command as installed."""
+import importlib.util
+import os
+import sys
+
+import flwr.supernode
+
+path = os.path.join(os.path.dirname(flwr.supernode.__file__), "cli", "flwr_clientapp.py")
+if os.path.exists(path):
+    spec = importlib.util.spec_from_file_location("flwr_clientapp_command", path)
+    command = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(command)
+else:
+    from flwr.supernode.cli import flwr_clientapp as command
+sys.exit(command.flwr_clientapp())
+'''
+
+
+def write_lean_clientapp(folder: Path) -> Path:
+    """Write ``folder/flwr-clientapp``, the lean launcher of :data:`LEAN_CLIENTAPP` for this
+    interpreter, and return its path. A SuperNode whose PATH starts with ``folder`` starts every
+    ClientApp through it: the same Flower function with the same arguments, about 0.9 s less import
+    per message here (``benchmarks/bench_cold_start.py``; docs/deployment.md)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "flwr-clientapp"
+    partial = folder / ".flwr-clientapp.partial"
+    partial.write_text(LEAN_CLIENTAPP.format(python=sys.executable), encoding="utf-8")
+    partial.chmod(0o755)
+    os.replace(partial, path)
+    return path
 CONNECTION = "fedunlearn-local"
 RESULTS_LINE = re.compile(r"fedunlearn results folder: (\S+)")
 RUN_ID_LINE = re.compile(r"Successfully started run (\d+)")
@@ -201,7 +238,7 @@ class LocalFederation:
     """
 
     def __init__(self, workdir: Path, num_nodes: int, node_config: Callable[[int], str] | None = None,
-                 max_wait: float = 120.0, prepare: bool = True, host: str = "127.0.0.1"):
+                 max_wait: float = 120.0, prepare: bool = True, host: str = "127.0.0.1", lean_clientapp: bool = True):
         if num_nodes < 2:
             raise ValueError(f"--nodes={num_nodes}: a federation needs at least 2 SuperNodes")
         self.workdir = Path(workdir)
@@ -212,6 +249,9 @@ class LocalFederation:
         self.node_configs: dict[str, str] = {}
         self.home = self.workdir / "flwr-home"
         self.env = with_flower_on_path({**os.environ, "FLWR_HOME": str(self.home)})
+        # the SuperNodes' PATH: the lean flwr-clientapp (written by start) ahead of Flower's commands
+        self.lean_bin = self.workdir / "bin" if lean_clientapp else None
+        self.node_path = os.pathsep.join(filter(None, [str(self.lean_bin or ""), self.env["PATH"]]))
         self.port = free_port()
         self.host = host
         self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
@@ -299,6 +339,8 @@ class LocalFederation:
     # --- bring-up -------------------------------------------------------------------------
     def start(self) -> None:
         self.certs = write_certificates(self.workdir / "certificates", self.host)
+        if self.lean_bin is not None:
+            write_lean_clientapp(self.lean_bin)
         self._spawn("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(self.certs["ca"]),
                                   "--ssl-certfile", str(self.certs["cert"]), "--ssl-keyfile", str(self.certs["key"]),
                                   "--enable-supernode-auth", "--disable-runtime-dependency-installation",
@@ -343,7 +385,7 @@ class LocalFederation:
                                   "--root-certificates", str(self.certs["ca"]),
                                   "--auth-supernode-private-key", str(key), "--node-config", config,
                                   "--port", str(free_port()), "--max-retries", "0"],
-                           env={**os.environ, "FLWR_HOME": str(node_home / "flwr-home"),
+                           env={**self.env, "PATH": self.node_path, "FLWR_HOME": str(node_home / "flwr-home"),
                                 "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": SUPEREXEC_POLL})
 
     # --- a run ----------------------------------------------------------------------------
@@ -547,9 +589,18 @@ def main() -> int:
                         help="do not run client_app.prepare for each node before the run (its first message then "
                              "builds the node's view)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take")
+    parser.add_argument("--flower-clientapp", action="store_true",
+                        help="SuperNodes start each ClientApp with Flower's own flwr-clientapp command (default: the "
+                             "lean launcher of the same function, without the SuperNode CLI's imports)")
+    parser.add_argument("--write-clientapp", type=Path, metavar="DIR",
+                        help="only write the lean flwr-clientapp launcher into DIR (put DIR first on a SuperNode's "
+                             "PATH) and exit")
     parser.add_argument("--stop-local-superlink", action="store_true",
                         help="only stop the local SuperLink that `flwr run` started for FLWR_HOME (default ~/.flwr)")
     args = parser.parse_args()
+    if args.write_clientapp is not None:
+        print(f"wrote {write_lean_clientapp(args.write_clientapp)}")
+        return 0
     if args.stop_local_superlink:
         home = Path(os.environ.get("FLWR_HOME", "~/.flwr"))
         print(f"stopped local SuperLink pids {stop_local_superlink(home)} of {home}")
@@ -568,7 +619,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _raise_on_signal)
     try:
         with LocalFederation(workdir, args.nodes, node_config, prepare=not args.no_prepare,
-                             host=args.host) as federation:
+                             host=args.host, lean_clientapp=not args.flower_clientapp) as federation:
             print(f"SuperLink {federation.address} with {args.nodes} SuperNodes (TLS, node auth); "
                   f"processes {federation.pids()}; logs in {workdir / 'logs'}", flush=True)
             result = federation.run(args.run_config, on_line=lambda line: print(line, end="", flush=True),

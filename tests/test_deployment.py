@@ -45,12 +45,12 @@ def deployment(tmp_path_factory):
     work = tmp_path_factory.mktemp("deployment")
     without_flower = [folder for folder in os.environ.get("PATH", "").split(os.pathsep)
                       if folder and not any((Path(folder) / name).exists() for name in ("flower-superexec", "flwr-clientapp"))]
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch:  # for the federation's whole life: nodes start later too
         patch.setenv("PATH", os.pathsep.join(without_flower))
         federation = LocalFederation(work / "federation", NUM_NODES, host=own_address())
-    with federation:
-        intruder = federation.start_node(NUM_NODES, register=False, name="intruder")
-        yield {"federation": federation, "intruder": intruder, "work": work}
+        with federation:
+            intruder = federation.start_node(NUM_NODES, register=False, name="intruder")
+            yield {"federation": federation, "intruder": intruder, "work": work}
 
 
 def _run_config(work: Path, method: str, extra: str = "") -> str:

@@ -43,3 +43,33 @@ def test_started_processes_find_flowers_commands_first_on_path():
     assert env["PATH"].split(os.pathsep) == [str(launch_federation.BIN), "/usr/bin", "/bin"]
     assert env["HOME"] == "/h"
     assert launch_federation.with_flower_on_path({})["PATH"] == str(launch_federation.BIN)
+
+
+def test_the_lean_clientapp_runs_flowers_command_without_the_supernode_cli(tmp_path):
+    """The written launcher parses Flower's own arguments (the same function) and loads no module
+    of the SuperNode's CLI (SQLAlchemy, Alembic), which Flower's command imports with its package."""
+    import subprocess
+
+    path = launch_federation.write_lean_clientapp(tmp_path / "bin")
+    assert path.name == "flwr-clientapp" and os.access(path, os.X_OK)
+    assert path.read_text().startswith(f"#!{sys.executable}\n")
+    shown = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "--runtime-api-address" in shown.stdout and "--token" in shown.stdout
+    probe = ("import runpy, sys\nsys.argv = ['flwr-clientapp', '--help']\n"
+             "try:\n    runpy.run_path(sys.argv_path, run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'alembic'}), "
+             "'flwr.supernode.cli' in sys.modules)")
+    loaded = subprocess.run([sys.executable, "-c", probe.replace("sys.argv_path", repr(str(path)))],
+                            capture_output=True, text=True, timeout=120)
+    assert loaded.stdout.strip().splitlines()[-1] == "[] False"
+    # Flower's own command, for contrast, does load them
+    full = subprocess.run([sys.executable, "-c", "import sys, flwr.supernode.cli.flwr_clientapp; "
+                           "print('sqlalchemy' in sys.modules)"], capture_output=True, text=True, timeout=120)
+    assert full.stdout.strip() == "True"
+
+
+def test_supernodes_get_the_lean_clientapp_first_on_path(tmp_path):
+    lean = launch_federation.LocalFederation(tmp_path / "lean", 2)
+    assert lean.node_path.split(os.pathsep)[:2] == [str(tmp_path / "lean" / "bin"), str(launch_federation.BIN)]
+    flower = launch_federation.LocalFederation(tmp_path / "flower", 2, lean_clientapp=False)
+    assert flower.node_path.split(os.pathsep)[0] == str(launch_federation.BIN)

@@ -97,7 +97,7 @@ sys.exit(command.flwr_clientapp())
 def write_lean_clientapp(folder: Path) -> Path:
     """Write ``folder/flwr-clientapp``, the lean launcher of :data:`LEAN_CLIENTAPP` for this
     interpreter, and return its path. A SuperNode whose PATH starts with ``folder`` starts every
-    ClientApp through it: the same Flower function with the same arguments, about 0.9 s less import
+    ClientApp through it: the same Flower function with the same arguments, 0.5-0.9 s less import
     per message here (``benchmarks/bench_cold_start.py``; docs/deployment.md)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "flwr-clientapp"
@@ -106,6 +106,8 @@ def write_lean_clientapp(folder: Path) -> Path:
     partial.chmod(0o755)
     os.replace(partial, path)
     return path
+
+
 CONNECTION = "fedunlearn-local"
 RESULTS_LINE = re.compile(r"fedunlearn results folder: (\S+)")
 RUN_ID_LINE = re.compile(r"Successfully started run (\d+)")

@@ -40,29 +40,28 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from launch_federation import LEAN_LOADER  # noqa: E402  (what the launcher's lean flwr-clientapp runs first)
 
 FLOOR = "import time, torch, flwr.app, flwr.clientapp; print(time.time())"
 FLOOR_CLI = ("import time, torch, flwr.app, flwr.clientapp; from flwr.supernode.cli.flwr_clientapp import flwr_clientapp; "
              "print(time.time())")
-# what the launcher's lean flwr-clientapp imports (scripts/launch_federation.py, LEAN_CLIENTAPP): the command's module alone
-LOAD_LEAN = ("import importlib.util, os, flwr.supernode; "
-             "spec = importlib.util.spec_from_file_location('flwr_clientapp_command', os.path.join("
-             "os.path.dirname(flwr.supernode.__file__), 'cli', 'flwr_clientapp.py')); "
-             "spec.loader.exec_module(importlib.util.module_from_spec(spec))")
-FLOOR_LEAN = f"import time, torch, flwr.app, flwr.clientapp; {LOAD_LEAN}; print(time.time())"
+FLOOR_LEAN = f"import time, torch, flwr.app, flwr.clientapp\n{LEAN_LOADER}print(time.time())"
 
 HELLO = r"""
 import sys, time
 if sys.argv[1] == "inside-flwr-clientapp":
     from flwr.supernode.cli.flwr_clientapp import flwr_clientapp  # what the SuperNode's command imports first
 if sys.argv[1] == "inside-lean-clientapp":
-    LOAD_LEAN  # (replaced below) what the launcher's lean flwr-clientapp imports first
+    LEAN_LOADER  # (replaced below) what the launcher's lean flwr-clientapp imports first
 if sys.argv[1] == "eager-llm":
     import strategies.firm.client, tasks.llm.federation_model  # the LLM stack client_app.app imported eagerly before
 import client_app.app
@@ -81,7 +80,8 @@ message = Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=7, messa
 reply = client_app.app.app(message, context)
 assert not reply.has_error(), reply.error
 print(time.time())
-""".replace("LOAD_LEAN  # (replaced below)", LOAD_LEAN + "  #")
+""".replace("    LEAN_LOADER  # (replaced below) what the launcher's lean flwr-clientapp imports first\n",
+           textwrap.indent(LEAN_LOADER, "    "))
 
 
 def seconds(code: list[str], pythonpath: Path) -> float:

@@ -72,14 +72,11 @@ def with_flower_on_path(env: dict[str, str]) -> dict[str, str]:
 
 BIN = flower_bin()
 
-LEAN_CLIENTAPP = '''#!{python}
-"""Flower's `flwr-clientapp` command: the same function (flwr.supernode.cli.flwr_clientapp), loaded
-without its package flwr.supernode.cli, whose __init__ also imports the SuperNode's own CLI
-(SQLAlchemy, Alembic), which a ClientApp process never uses. Written by fedunlearn's
-scripts/launch_federation.py; where that file is missing it runs Flower's command as installed."""
-import importlib.util
+# Flower's flwr-clientapp module loaded alone, as ``command``: the package flwr.supernode.cli is not
+# imported, so neither is its __init__'s SuperNode CLI (SQLAlchemy, Alembic), which a ClientApp
+# process never uses; where the file is missing (another Flower layout), the module as installed.
+LEAN_LOADER = """import importlib.util
 import os
-import sys
 
 import flwr.supernode
 
@@ -90,8 +87,16 @@ if os.path.exists(path):
     spec.loader.exec_module(command)
 else:
     from flwr.supernode.cli import flwr_clientapp as command
-sys.exit(command.flwr_clientapp())
-'''
+"""
+
+# the launcher's body (``write_lean_clientapp`` adds the interpreter line)
+LEAN_CLIENTAPP = ('''"""Flower's `flwr-clientapp` command: the same function (flwr.supernode.cli.flwr_clientapp), loaded
+without its package flwr.supernode.cli, whose __init__ also imports the SuperNode's own CLI
+(SQLAlchemy, Alembic), which a ClientApp process never uses. Written by fedunlearn's
+scripts/launch_federation.py; where that file is missing it runs Flower's command as installed."""
+import sys
+
+''' + LEAN_LOADER + "sys.exit(command.flwr_clientapp())\n")
 
 
 def write_lean_clientapp(folder: Path) -> Path:
@@ -102,7 +107,7 @@ def write_lean_clientapp(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "flwr-clientapp"
     partial = folder / ".flwr-clientapp.partial"
-    partial.write_text(LEAN_CLIENTAPP.format(python=sys.executable), encoding="utf-8")
+    partial.write_text(f"#!{sys.executable}\n{LEAN_CLIENTAPP}", encoding="utf-8")
     partial.chmod(0o755)
     os.replace(partial, path)
     return path

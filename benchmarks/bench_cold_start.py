@@ -27,6 +27,10 @@ in one run, ``--repeats`` times (median shown):
   the same with the imports of the launcher's lean ``flwr-clientapp`` instead (Flower's command
   function loaded without that package; ``scripts/launch_federation.py``), which SuperNodes the
   launcher starts use;
+- ``now, later messages, forked from the warm server``: the same message in a child of
+  ``scripts/clientapp_commands.py``'s fork server (torch, numpy, scikit-learn and Flower's ClientApp
+  runtime imported once, before the clock starts), asked for by its ``flwr-clientapp`` command:
+  what a message costs on the launcher's default SuperNodes;
 - ``--base PATH``: also the real code of an older checkout at PATH (its own imports and views).
 
     python benchmarks/bench_cold_start.py [--repeats 3] [--base /path/to/old/checkout]
@@ -36,6 +40,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,7 +55,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from launch_federation import LEAN_LOADER  # noqa: E402  (what the launcher's lean flwr-clientapp runs first)
+from clientapp_commands import DEFAULT_PRELOAD, LEAN_LOADER, write_forking_clientapp  # noqa: E402
 
 FLOOR = "import time, torch, flwr.app, flwr.clientapp; print(time.time())"
 FLOOR_CLI = ("import time, torch, flwr.app, flwr.clientapp; from flwr.supernode.cli.flwr_clientapp import flwr_clientapp; "
@@ -84,13 +90,34 @@ print(time.time())
            textwrap.indent(LEAN_LOADER, "    "))
 
 
-def seconds(code: list[str], pythonpath: Path) -> float:
-    """Wall seconds from spawning a fresh interpreter to the end time it prints."""
+def seconds(code: list[str], pythonpath: Path, argv: list[str] | None = None) -> float:
+    """Wall seconds from spawning a fresh interpreter (or ``argv``) to the end time it prints."""
     env = {**os.environ, "PYTHONPATH": str(pythonpath)}
     started = time.time()
-    out = subprocess.run([sys.executable, "-c", *code], cwd=pythonpath, env=env, capture_output=True,
+    out = subprocess.run(argv or [sys.executable, "-c", *code], cwd=pythonpath, env=env, capture_output=True,
                          text=True, check=True).stdout
     return float(out.strip().splitlines()[-1]) - started
+
+
+def run_hello() -> None:
+    """The fork server's target in the forked variant: HELLO with this process's arguments."""
+    exec(compile(HELLO, "<hello>", "exec"), {"__name__": "__main__"})  # noqa: S102 (this file's own code)
+
+
+def start_fork_server(folder: str) -> tuple[subprocess.Popen, Path, Path]:
+    """The fork server (default preload, :func:`run_hello` as its target), ready; its command; its socket."""
+    socket_path = Path(tempfile.mkdtemp(prefix="fu-bench-")) / "s.sock"  # short: a socket path has <= 107 bytes
+    server = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "clientapp_commands.py"), "serve", "--socket",
+                               str(socket_path), "--preload", DEFAULT_PRELOAD + ",flwr.supernode.runtime.run_clientapp",
+                               "--target", "bench_cold_start:run_hello"], cwd=ROOT, start_new_session=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])},
+                              stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not socket_path.exists():
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the ClientApp fork server did not start")
+        time.sleep(0.1)
+    return server, write_forking_clientapp(Path(folder) / "bin", socket_path), socket_path
 
 
 def main() -> None:
@@ -101,6 +128,7 @@ def main() -> None:
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
     with tempfile.TemporaryDirectory() as scratch:
+        server, forking, socket_path = start_fork_server(scratch)
         warm = os.path.join(scratch, "warm")
         seconds([HELLO, "lazy", warm], ROOT)  # fills the node cache the "later messages" variant reads
 
@@ -141,13 +169,19 @@ def main() -> None:
             "torch+flwr+lean flwr-clientapp": lambda: seconds([FLOOR_LEAN], ROOT),
             "now, later messages, inside the lean flwr-clientapp": lambda: seconds(
                 [HELLO, "inside-lean-clientapp", warm], ROOT),
+            "now, later messages, forked from the warm server": lambda: seconds([], ROOT, [str(forking), "lazy", warm]),
         }
         if args.base:
             variants[f"checkout {args.base}"] = lambda: seconds([HELLO, "base", ""], args.base.resolve())
         times: dict[str, list[float]] = {name: [] for name in variants}
-        for _ in range(args.repeats):  # interleaved, so machine load hits every variant alike
-            for name, run in variants.items():
-                times[name].append(run())
+        try:
+            for _ in range(args.repeats):  # interleaved, so machine load hits every variant alike
+                for name, run in variants.items():
+                    times[name].append(run())
+        finally:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+            shutil.rmtree(socket_path.parent, ignore_errors=True)
     median = {name: statistics.median(values) for name, values in times.items()}
     print(f"| variant | median s (of {args.repeats}) | runs |")
     print("| --- | --- | --- |")
@@ -163,6 +197,9 @@ def main() -> None:
     print(f"the launcher's lean flwr-clientapp: +{median['torch+flwr+lean flwr-clientapp'] - median['torch+flwr']:.2f} s "
           f"on the floor, +{lean - later:.2f} s on a later message ({lean:.2f} s; Flower's command: "
           f"{median['now, later messages, inside flwr-clientapp']:.2f} s)")
+    forked = median["now, later messages, forked from the warm server"]
+    print(f"forked from the warm server: {forked:.2f} s a later message, {lean / forked:.1f}x less than the lean "
+          f"launcher's fresh process")
     if args.base:
         print(f"checkout / now (later messages): {median[f'checkout {args.base}'] / later:.1f}x")
 

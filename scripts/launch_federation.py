@@ -14,9 +14,10 @@ What it does, in a fresh temporary folder (``--workdir`` keeps it):
    ``FLWR_HOME/config.toml``, and every node key registered with ``flwr supernode register``;
 4. ``--nodes`` ``flower-supernode`` processes (``partition-id=i num-partitions=N``, or
    ``data-path=<folder>/<i>`` with ``--data-root``), each with its own ``FLWR_HOME`` and runtime port,
-   waited for until all are online; their PATH starts with a lean ``flwr-clientapp`` launcher
-   (``write_lean_clientapp``: Flower's own command function without the SuperNode CLI's imports;
-   ``--flower-clientapp`` keeps Flower's command);
+   waited for until all are online; their PATH starts with fedunlearn's ``flwr-clientapp``
+   (``scripts/clientapp_commands.py``; ``--clientapp``): by default each message's ClientApp is
+   forked from a server that imported torch and Flower once (``fork``), or a lean launcher of
+   Flower's command starts it (``lean``), or Flower's own command (``flower``);
 5. before each run, ``python -m client_app.prepare`` for every node with the run's config, all at
    once (``prepare=False`` / ``--no-prepare`` skips it): each node's data is checked and its view
    stored, so the run's first message does not compute the partition;
@@ -50,7 +51,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from clientapp_commands import write_forking_clientapp, write_lean_clientapp
+
 ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = Path(__file__).resolve().with_name("clientapp_commands.py")
+CLIENTAPPS = ("fork", "lean", "flower")  # how SuperNodes start a ClientApp (docstring, step 4)
 
 
 def flower_bin() -> Path:
@@ -71,47 +76,6 @@ def with_flower_on_path(env: dict[str, str]) -> dict[str, str]:
 
 
 BIN = flower_bin()
-
-# Flower's flwr-clientapp module loaded alone, as ``command``: the package flwr.supernode.cli is not
-# imported, so neither is its __init__'s SuperNode CLI (SQLAlchemy, Alembic), which a ClientApp
-# process never uses; where the file is missing (another Flower layout), the module as installed.
-LEAN_LOADER = """import importlib.util
-import os
-
-import flwr.supernode
-
-path = os.path.join(os.path.dirname(flwr.supernode.__file__), "cli", "flwr_clientapp.py")
-if os.path.exists(path):
-    spec = importlib.util.spec_from_file_location("flwr_clientapp_command", path)
-    command = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(command)
-else:
-    from flwr.supernode.cli import flwr_clientapp as command
-"""
-
-# the launcher's body (``write_lean_clientapp`` adds the interpreter line)
-LEAN_CLIENTAPP = ('''"""Flower's `flwr-clientapp` command: the same function (flwr.supernode.cli.flwr_clientapp), loaded
-without its package flwr.supernode.cli, whose __init__ also imports the SuperNode's own CLI
-(SQLAlchemy, Alembic), which a ClientApp process never uses. Written by fedunlearn's
-scripts/launch_federation.py; where that file is missing it runs Flower's command as installed."""
-import sys
-
-''' + LEAN_LOADER + "sys.exit(command.flwr_clientapp())\n")
-
-
-def write_lean_clientapp(folder: Path) -> Path:
-    """Write ``folder/flwr-clientapp``, the lean launcher of :data:`LEAN_CLIENTAPP` for this
-    interpreter, and return its path. A SuperNode whose PATH starts with ``folder`` starts every
-    ClientApp through it: the same Flower function with the same arguments, 0.5-0.9 s less import
-    per message here (``benchmarks/bench_cold_start.py``; docs/deployment.md)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "flwr-clientapp"
-    partial = folder / ".flwr-clientapp.partial"
-    partial.write_text(f"#!{sys.executable}\n{LEAN_CLIENTAPP}", encoding="utf-8")
-    partial.chmod(0o755)
-    os.replace(partial, path)
-    return path
-
 
 CONNECTION = "fedunlearn-local"
 RESULTS_LINE = re.compile(r"fedunlearn results folder: (\S+)")
@@ -245,9 +209,11 @@ class LocalFederation:
     """
 
     def __init__(self, workdir: Path, num_nodes: int, node_config: Callable[[int], str] | None = None,
-                 max_wait: float = 120.0, prepare: bool = True, host: str = "127.0.0.1", lean_clientapp: bool = True):
+                 max_wait: float = 120.0, prepare: bool = True, host: str = "127.0.0.1", clientapp: str = "fork"):
         if num_nodes < 2:
             raise ValueError(f"--nodes={num_nodes}: a federation needs at least 2 SuperNodes")
+        if clientapp not in CLIENTAPPS:
+            raise ValueError(f"--clientapp={clientapp!r}: expected one of {', '.join(CLIENTAPPS)}")
         self.workdir = Path(workdir)
         self.num_nodes = num_nodes
         self.node_config = node_config or (lambda i: f"partition-id={i} num-partitions={num_nodes}")
@@ -256,9 +222,11 @@ class LocalFederation:
         self.node_configs: dict[str, str] = {}
         self.home = self.workdir / "flwr-home"
         self.env = with_flower_on_path({**os.environ, "FLWR_HOME": str(self.home)})
-        # the SuperNodes' PATH: the lean flwr-clientapp (written by start) ahead of Flower's commands
-        self.lean_bin = self.workdir / "bin" if lean_clientapp else None
-        self.node_path = os.pathsep.join(filter(None, [str(self.lean_bin or ""), self.env["PATH"]]))
+        # the SuperNodes' PATH: fedunlearn's flwr-clientapp (written by start) ahead of Flower's commands
+        self.clientapp = clientapp
+        self.command_bin = self.workdir / "bin" if clientapp != "flower" else None
+        self.node_path = os.pathsep.join(filter(None, [str(self.command_bin or ""), self.env["PATH"]]))
+        self.socket_dir: Path | None = None  # the fork server's socket folder (short: a socket path has <= 107 bytes)
         self.port = free_port()
         self.host = host
         self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
@@ -310,6 +278,8 @@ class LocalFederation:
                 except ProcessLookupError:
                     pass
             time.sleep(0.2)
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes.values()]
@@ -346,8 +316,7 @@ class LocalFederation:
     # --- bring-up -------------------------------------------------------------------------
     def start(self) -> None:
         self.certs = write_certificates(self.workdir / "certificates", self.host)
-        if self.lean_bin is not None:
-            write_lean_clientapp(self.lean_bin)
+        socket_path = self._start_clientapp_command()
         self._spawn("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(self.certs["ca"]),
                                   "--ssl-certfile", str(self.certs["cert"]), "--ssl-keyfile", str(self.certs["key"]),
                                   "--enable-supernode-auth", "--disable-runtime-dependency-installation",
@@ -358,6 +327,26 @@ class LocalFederation:
             self.start_node(i)
         self._wait_for(lambda: len(self.online_nodes()) >= self.num_nodes,
                        f"{self.num_nodes} SuperNodes to be online", "superlink")
+        if socket_path is not None:
+            self._wait_for(lambda: self._serving(socket_path), "the ClientApp fork server", "clientapp-forkserver")
+
+    def _start_clientapp_command(self) -> Path | None:
+        """Write the SuperNodes' ``flwr-clientapp``; for ``fork``, also start its server (in its own
+        process group, like every child) and return the socket it will listen on."""
+        if self.clientapp == "lean":
+            write_lean_clientapp(self.command_bin)
+        if self.clientapp != "fork":
+            return None
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="fedunlearn-clientapp-"))
+        socket_path = self.socket_dir / "forkserver.sock"
+        write_forking_clientapp(self.command_bin, socket_path)
+        self._spawn("clientapp-forkserver", [sys.executable, str(COMMANDS), "serve", "--socket", str(socket_path)])
+        return socket_path
+
+    def _serving(self, socket_path: Path) -> bool:
+        if self.processes["clientapp-forkserver"].poll() is not None:
+            raise RuntimeError(f"the ClientApp fork server exited: {self.log_of('clientapp-forkserver')[-1500:]}")
+        return socket_path.exists()
 
     def _write_connection(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -596,18 +585,13 @@ def main() -> int:
                         help="do not run client_app.prepare for each node before the run (its first message then "
                              "builds the node's view)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the run may take")
-    parser.add_argument("--flower-clientapp", action="store_true",
-                        help="SuperNodes start each ClientApp with Flower's own flwr-clientapp command (default: the "
-                             "lean launcher of the same function, without the SuperNode CLI's imports)")
-    parser.add_argument("--write-clientapp", type=Path, metavar="DIR",
-                        help="only write the lean flwr-clientapp launcher into DIR (put DIR first on a SuperNode's "
-                             "PATH) and exit")
+    parser.add_argument("--clientapp", choices=CLIENTAPPS, default="fork",
+                        help="how SuperNodes start each message's ClientApp: forked from a server that imported torch "
+                             "and Flower once (fork, default), a lean launcher of Flower's command (lean), or Flower's "
+                             "own flwr-clientapp (flower); scripts/clientapp_commands.py")
     parser.add_argument("--stop-local-superlink", action="store_true",
                         help="only stop the local SuperLink that `flwr run` started for FLWR_HOME (default ~/.flwr)")
     args = parser.parse_args()
-    if args.write_clientapp is not None:
-        print(f"wrote {write_lean_clientapp(args.write_clientapp)}")
-        return 0
     if args.stop_local_superlink:
         home = Path(os.environ.get("FLWR_HOME", "~/.flwr"))
         print(f"stopped local SuperLink pids {stop_local_superlink(home)} of {home}")
@@ -626,7 +610,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _raise_on_signal)
     try:
         with LocalFederation(workdir, args.nodes, node_config, prepare=not args.no_prepare,
-                             host=args.host, lean_clientapp=not args.flower_clientapp) as federation:
+                             host=args.host, clientapp=args.clientapp) as federation:
             print(f"SuperLink {federation.address} with {args.nodes} SuperNodes (TLS, node auth); "
                   f"processes {federation.pids()}; logs in {workdir / 'logs'}", flush=True)
             result = federation.run(args.run_config, on_line=lambda line: print(line, end="", flush=True),

@@ -5,8 +5,9 @@ hosts (loopback where the machine has no other address).
 
 One federation serves the whole module (starting one costs seconds); the tests run in file order:
 an unregistered node is refused, ``retrain`` and ``fedup`` give simulation's metrics (every node
-prepared before the first run by ``client_app.prepare``, whose stored view both runs read), a node
-killed while unlearning, and no process left behind.
+prepared before the first run by ``client_app.prepare``, whose stored view both runs read; every
+message's ClientApp forked from the launcher's fork server), a node killed while unlearning, and
+no process left behind.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ def test_retrain_and_fedup_over_tls_give_simulations_metrics(deployment, tmp_pat
         simulated = _results(run_inprocess(simulated_config, NUM_NODES))  # its own cache: trained afresh
         differences = metric_differences(deployed, simulated)
         assert differences and max(differences.values()) <= 0.01, differences
+    # every message's ClientApp was forked from the launcher's fork server (hello, pretraining ... per node)
+    assert federation.log_of("clientapp-forkserver").count("forked ") >= 2 * NUM_NODES * (2 + 1 + 1)
     for i in range(NUM_NODES):  # each node was prepared before the first run (client_app.prepare) ...
         assert f"prepared client {i}" in federation.log_of(f"prepare-supernode-{i}")
         views = sorted((work / "federation" / f"supernode-{i}" / "views").glob("view-*.npz"))

@@ -10,6 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import clientapp_commands  # noqa: E402
 import launch_federation  # noqa: E402
 
 
@@ -50,7 +51,7 @@ def test_the_lean_clientapp_runs_flowers_command_without_the_supernode_cli(tmp_p
     of the SuperNode's CLI (SQLAlchemy, Alembic), which Flower's command imports with its package."""
     import subprocess
 
-    path = launch_federation.write_lean_clientapp(tmp_path / "bin")
+    path = clientapp_commands.write_lean_clientapp(tmp_path / "bin")
     assert path.name == "flwr-clientapp" and os.access(path, os.X_OK)
     assert path.read_text().startswith(f"#!{sys.executable}\n")
     shown = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=120)
@@ -68,8 +69,18 @@ def test_the_lean_clientapp_runs_flowers_command_without_the_supernode_cli(tmp_p
     assert full.stdout.strip() == "True"
 
 
-def test_supernodes_get_the_lean_clientapp_first_on_path(tmp_path):
-    lean = launch_federation.LocalFederation(tmp_path / "lean", 2)
-    assert lean.node_path.split(os.pathsep)[:2] == [str(tmp_path / "lean" / "bin"), str(launch_federation.BIN)]
-    flower = launch_federation.LocalFederation(tmp_path / "flower", 2, lean_clientapp=False)
+def test_supernodes_get_fedunlearns_clientapp_first_on_path(tmp_path):
+    for clientapp in ("fork", "lean"):
+        federation = launch_federation.LocalFederation(tmp_path / clientapp, 2, clientapp=clientapp)
+        assert federation.node_path.split(os.pathsep)[:2] == [str(tmp_path / clientapp / "bin"),
+                                                               str(launch_federation.BIN)]
+    flower = launch_federation.LocalFederation(tmp_path / "flower", 2, clientapp="flower")
     assert flower.node_path.split(os.pathsep)[0] == str(launch_federation.BIN)
+
+
+def test_an_unknown_clientapp_is_refused_before_anything_starts(tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match="--clientapp='warm': expected one of fork, lean, flower"):
+        launch_federation.LocalFederation(tmp_path, 2, clientapp="warm")
+    assert not (tmp_path / "bin").exists()

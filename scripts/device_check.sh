@@ -9,7 +9,8 @@
 #    on cuda and cpu (benchmarks/bench_firm.py) and FedUP's filter training (benchmarks/bench_fedup.py
 #    --filter-only); 5. the Deployment Engine on this GPU: scripts/launch_federation.py brings up a
 #    SuperLink and 2 SuperNodes (TLS, node authentication) and runs one FedUP class request, while
-#    nvidia-smi is sampled to see the ClientApp processes on the GPU; 6. (STRETCH=1, default) a whole
+#    nvidia-smi is sampled to see the ClientApp processes on the GPU (forked from the launcher's
+#    ClientApp fork server, so they carry its command line); 6. (STRETCH=1, default) a whole
 #    in-process LLM run with 4-bit clients.
 # Every step is guarded (a failure is reported, the next step runs) and time-boxed against one overall
 # deadline (BUDGET seconds, default 480), so the whole finishes inside a 600 s device call. Everything
@@ -72,10 +73,11 @@ deploy_on_gpu() {
     kill "$sampler" 2>/dev/null
     echo "GPU compute processes seen during the run: $(wc -l < "$seen") samples"
     grep -m 5 . "$seen"
-    if grep -q flwr-clientapp "$seen"; then
-        echo "flwr-clientapp processes on the GPU: $(grep flwr-clientapp "$seen" | awk '{print $2}' | sort -u | wc -l)"
+    # a ClientApp forked from the launcher's fork server keeps the server's command line
+    if grep -q "flwr-clientapp\|clientapp_commands.py serve" "$seen"; then
+        echo "ClientApp processes on the GPU: $(grep "flwr-clientapp\|clientapp_commands.py serve" "$seen" | awk '{print $2}' | sort -u | wc -l)"
     elif [ -s "$seen" ]; then
-        SUMMARY+=("FAIL  deployment: GPU processes seen, but none is flwr-clientapp by its command line (see deploy_gpu_processes.txt)")
+        SUMMARY+=("FAIL  deployment: GPU processes seen, but none is a ClientApp by its command line (see deploy_gpu_processes.txt)")
     else
         SUMMARY+=("FAIL  deployment: no process used the GPU during the run")
     fi

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import ipaddress
 import json
 import os
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from clientapp_commands import write_forking_clientapp, write_lean_clientapp
+from clientapp_commands import DEFAULT_PRELOAD, write_forking_clientapp, write_lean_clientapp
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = Path(__file__).resolve().with_name("clientapp_commands.py")
@@ -209,11 +210,15 @@ class LocalFederation:
     """
 
     def __init__(self, workdir: Path, num_nodes: int, node_config: Callable[[int], str] | None = None,
-                 max_wait: float = 120.0, prepare: bool = True, host: str = "127.0.0.1", clientapp: str = "fork"):
+                 max_wait: float = 120.0, prepare: bool = True, host: str = "127.0.0.1", clientapp: str = "fork",
+                 preload: str = DEFAULT_PRELOAD):
         if num_nodes < 2:
             raise ValueError(f"--nodes={num_nodes}: a federation needs at least 2 SuperNodes")
         if clientapp not in CLIENTAPPS:
             raise ValueError(f"--clientapp={clientapp!r}: expected one of {', '.join(CLIENTAPPS)}")
+        missing = [name for name in preload.split(",") if name and importlib.util.find_spec(name.split(".")[0]) is None]
+        if clientapp == "fork" and missing:
+            raise ValueError(f"--preload={preload!r}: no module {', '.join(missing)} in this environment")
         self.workdir = Path(workdir)
         self.num_nodes = num_nodes
         self.node_config = node_config or (lambda i: f"partition-id={i} num-partitions={num_nodes}")
@@ -224,6 +229,7 @@ class LocalFederation:
         self.env = with_flower_on_path({**os.environ, "FLWR_HOME": str(self.home)})
         # the SuperNodes' PATH: fedunlearn's flwr-clientapp (written by start) ahead of Flower's commands
         self.clientapp = clientapp
+        self.preload = preload  # what the fork server imports once (clientapp 'fork')
         self.command_bin = self.workdir / "bin" if clientapp != "flower" else None
         self.node_path = os.pathsep.join(filter(None, [str(self.command_bin or ""), self.env["PATH"]]))
         self.socket_dir: Path | None = None  # the fork server's socket folder (short: a socket path has <= 107 bytes)
@@ -340,7 +346,8 @@ class LocalFederation:
         self.socket_dir = Path(tempfile.mkdtemp(prefix="fedunlearn-clientapp-"))
         socket_path = self.socket_dir / "forkserver.sock"
         write_forking_clientapp(self.command_bin, socket_path)
-        self._spawn("clientapp-forkserver", [sys.executable, str(COMMANDS), "serve", "--socket", str(socket_path)])
+        self._spawn("clientapp-forkserver", [sys.executable, str(COMMANDS), "serve", "--socket", str(socket_path),
+                                             "--preload", self.preload])
         return socket_path
 
     def _serving(self, socket_path: Path) -> bool:
@@ -589,6 +596,9 @@ def main() -> int:
                         help="how SuperNodes start each message's ClientApp: forked from a server that imported torch "
                              "and Flower once (fork, default), a lean launcher of Flower's command (lean), or Flower's "
                              "own flwr-clientapp (flower); scripts/clientapp_commands.py")
+    parser.add_argument("--preload", default=DEFAULT_PRELOAD,
+                        help=f"modules the fork server imports once (default {DEFAULT_PRELOAD}; the LLM task: add "
+                             f",transformers,peft)")
     parser.add_argument("--stop-local-superlink", action="store_true",
                         help="only stop the local SuperLink that `flwr run` started for FLWR_HOME (default ~/.flwr)")
     args = parser.parse_args()
@@ -607,10 +617,16 @@ def main() -> int:
     if args.data_root is not None:
         root = args.data_root.resolve()
         node_config = lambda i: f'data-path="{root / str(i)}" partition-id={i}'  # noqa: E731
+    try:
+        federation = LocalFederation(workdir, args.nodes, node_config, prepare=not args.no_prepare,
+                                     host=args.host, clientapp=args.clientapp, preload=args.preload)
+    except ValueError as error:  # a setting refused before anything starts
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        parser.error(str(error))
     signal.signal(signal.SIGTERM, _raise_on_signal)
     try:
-        with LocalFederation(workdir, args.nodes, node_config, prepare=not args.no_prepare,
-                             host=args.host, clientapp=args.clientapp) as federation:
+        with federation:
             print(f"SuperLink {federation.address} with {args.nodes} SuperNodes (TLS, node auth); "
                   f"processes {federation.pids()}; logs in {workdir / 'logs'}", flush=True)
             result = federation.run(args.run_config, on_line=lambda line: print(line, end="", flush=True),

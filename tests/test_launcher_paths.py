@@ -78,9 +78,11 @@ def test_supernodes_get_fedunlearns_clientapp_first_on_path(tmp_path):
     assert flower.node_path.split(os.pathsep)[0] == str(launch_federation.BIN)
 
 
-def test_an_unknown_clientapp_is_refused_before_anything_starts(tmp_path):
+def test_an_unknown_clientapp_or_preload_is_refused_before_anything_starts(tmp_path):
     import pytest
 
     with pytest.raises(ValueError, match="--clientapp='warm': expected one of fork, lean, flower"):
         launch_federation.LocalFederation(tmp_path, 2, clientapp="warm")
+    with pytest.raises(ValueError, match="--preload='torch,no_such_module_here': no module no_such_module_here"):
+        launch_federation.LocalFederation(tmp_path, 2, preload="torch,no_such_module_here")
     assert not (tmp_path / "bin").exists()

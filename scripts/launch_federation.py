@@ -216,8 +216,9 @@ class LocalFederation:
             raise ValueError(f"--nodes={num_nodes}: a federation needs at least 2 SuperNodes")
         if clientapp not in CLIENTAPPS:
             raise ValueError(f"--clientapp={clientapp!r}: expected one of {', '.join(CLIENTAPPS)}")
-        missing = [name for name in preload.split(",") if name and importlib.util.find_spec(name.split(".")[0]) is None]
-        if clientapp == "fork" and missing:
+        missing = [name for name in preload.split(",") if clientapp == "fork" and name
+                   and importlib.util.find_spec(name.split(".")[0]) is None]
+        if missing:
             raise ValueError(f"--preload={preload!r}: no module {', '.join(missing)} in this environment")
         self.workdir = Path(workdir)
         self.num_nodes = num_nodes

@@ -278,14 +278,14 @@ class LocalFederation:
         while time.monotonic() < deadline:
             alive = [pgid for pgid in self.pids() if group_members(pgid)]
             if not alive:
-                return
+                break
             for pgid in alive:  # whatever a group left behind (e.g. a ClientApp of a killed node)
                 try:
                     os.killpg(pgid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
             time.sleep(0.2)
-        if self.socket_dir is not None:
+        if self.socket_dir is not None:  # the fork server's socket folder
             shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def pids(self) -> list[int]:

@@ -130,5 +130,8 @@ def test_no_process_left_behind(deployment):
     federation = deployment["federation"]
     groups = federation.pids()
     assert len(groups) >= 2 + NUM_NODES  # SuperLink, SuperNodes, intruder, flwr run
+    socket_dir = federation.socket_dir
+    assert socket_dir is not None and socket_dir.is_dir()  # the fork server's socket folder, while it runs
     federation.stop()
     assert {pgid: group_members(pgid) for pgid in groups} == {pgid: [] for pgid in groups}
+    assert not socket_dir.exists()  # nothing left behind on disk either

@@ -39,6 +39,7 @@ in one run, ``--repeats`` times (median shown):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -49,6 +50,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -104,20 +106,27 @@ def run_hello() -> None:
     exec(compile(HELLO, "<hello>", "exec"), {"__name__": "__main__"})  # noqa: S102 (this file's own code)
 
 
-def start_fork_server(folder: str) -> tuple[subprocess.Popen, Path, Path]:
-    """The fork server (default preload, :func:`run_hello` as its target), ready; its command; its socket."""
+@contextlib.contextmanager
+def fork_server(folder: str) -> Iterator[Path]:
+    """A running fork server (default preload, :func:`run_hello` as its target), ready; yields its
+    command; stopped by its process group and its socket folder removed afterwards."""
     socket_path = Path(tempfile.mkdtemp(prefix="fu-bench-")) / "s.sock"  # short: a socket path has <= 107 bytes
     server = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "clientapp_commands.py"), "serve", "--socket",
                                str(socket_path), "--preload", DEFAULT_PRELOAD + ",flwr.supernode.runtime.run_clientapp",
                                "--target", "bench_cold_start:run_hello"], cwd=ROOT, start_new_session=True,
                               env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])},
                               stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not socket_path.exists():
-        if server.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the ClientApp fork server did not start")
-        time.sleep(0.1)
-    return server, write_forking_clientapp(Path(folder) / "bin", socket_path), socket_path
+    try:
+        deadline = time.monotonic() + 120
+        while not socket_path.exists():
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the ClientApp fork server did not start")
+            time.sleep(0.1)
+        yield write_forking_clientapp(Path(folder) / "bin", socket_path)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        shutil.rmtree(socket_path.parent, ignore_errors=True)
 
 
 def main() -> None:
@@ -127,8 +136,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
-    with tempfile.TemporaryDirectory() as scratch:
-        server, forking, socket_path = start_fork_server(scratch)
+    with tempfile.TemporaryDirectory() as scratch, fork_server(scratch) as forking:
         warm = os.path.join(scratch, "warm")
         seconds([HELLO, "lazy", warm], ROOT)  # fills the node cache the "later messages" variant reads
 
@@ -174,14 +182,9 @@ def main() -> None:
         if args.base:
             variants[f"checkout {args.base}"] = lambda: seconds([HELLO, "base", ""], args.base.resolve())
         times: dict[str, list[float]] = {name: [] for name in variants}
-        try:
-            for _ in range(args.repeats):  # interleaved, so machine load hits every variant alike
-                for name, run in variants.items():
-                    times[name].append(run())
-        finally:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-            shutil.rmtree(socket_path.parent, ignore_errors=True)
+        for _ in range(args.repeats):  # interleaved, so machine load hits every variant alike
+            for name, run in variants.items():
+                times[name].append(run())
     median = {name: statistics.median(values) for name, values in times.items()}
     print(f"| variant | median s (of {args.repeats}) | runs |")
     print("| --- | --- | --- |")

@@ -57,7 +57,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from clientapp_commands import DEFAULT_PRELOAD, LEAN_LOADER, write_forking_clientapp  # noqa: E402
+from clientapp_commands import (DEFAULT_PRELOAD, LEAN_LOADER, new_socket_path, server_argv,  # noqa: E402
+                                wait_until_serving, write_forking_clientapp)
 
 FLOOR = "import time, torch, flwr.app, flwr.clientapp; print(time.time())"
 FLOOR_CLI = ("import time, torch, flwr.app, flwr.clientapp; from flwr.supernode.cli.flwr_clientapp import flwr_clientapp; "
@@ -110,18 +111,13 @@ def run_hello() -> None:
 def fork_server(folder: str) -> Iterator[Path]:
     """A running fork server (default preload, :func:`run_hello` as its target), ready; yields its
     command; stopped by its process group and its socket folder removed afterwards."""
-    socket_path = Path(tempfile.mkdtemp(prefix="fu-bench-")) / "s.sock"  # short: a socket path has <= 107 bytes
-    server = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "clientapp_commands.py"), "serve", "--socket",
-                               str(socket_path), "--preload", DEFAULT_PRELOAD + ",flwr.supernode.runtime.run_clientapp",
-                               "--target", "bench_cold_start:run_hello"], cwd=ROOT, start_new_session=True,
+    socket_path = new_socket_path("fu-bench-")
+    server = subprocess.Popen(server_argv(socket_path, DEFAULT_PRELOAD + ",flwr.supernode.runtime.run_clientapp",
+                                          "bench_cold_start:run_hello"), cwd=ROOT, start_new_session=True,
                               env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])},
                               stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not socket_path.exists():
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the ClientApp fork server did not start")
-            time.sleep(0.1)
+        wait_until_serving(server, socket_path, 120)
         yield write_forking_clientapp(Path(folder) / "bin", socket_path)
     finally:
         os.killpg(server.pid, signal.SIGKILL)

@@ -44,8 +44,11 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
+import time
 import traceback
 import weakref
 from pathlib import Path
@@ -258,6 +261,29 @@ def child(listener: socket.socket, conn: socket.socket, request: dict, fds: list
         except OSError:
             pass
         os._exit(code)
+
+
+def new_socket_path(prefix: str) -> Path:
+    """A socket path in a new folder only its owner can enter, under the system's temporary folder
+    (short: a socket path has at most 107 bytes). Removing the folder is the caller's."""
+    return Path(tempfile.mkdtemp(prefix=prefix)) / "forkserver.sock"
+
+
+def server_argv(socket_path: Path, preload: str = DEFAULT_PRELOAD, target: str = "") -> list[str]:
+    """The command line that runs :func:`serve` on ``socket_path`` with this interpreter."""
+    return ([sys.executable, str(Path(__file__).resolve()), "serve", "--socket", str(socket_path),
+             "--preload", preload] + (["--target", target] if target else []))
+
+
+def wait_until_serving(server: subprocess.Popen, socket_path: Path, timeout: float) -> None:
+    """Return once ``server`` listens on ``socket_path``; raise if it exits or ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while not Path(socket_path).exists():
+        if server.poll() is not None:
+            raise RuntimeError(f"the ClientApp fork server exited with status {server.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the ClientApp fork server did not listen on {socket_path} within {timeout:.0f}s")
+        time.sleep(0.1)
 
 
 def serve(socket_path: Path, preload: list[str], target_spec: str = "") -> None:

@@ -52,10 +52,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from clientapp_commands import DEFAULT_PRELOAD, write_forking_clientapp, write_lean_clientapp
+from clientapp_commands import DEFAULT_PRELOAD, new_socket_path, server_argv, write_forking_clientapp, write_lean_clientapp
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = Path(__file__).resolve().with_name("clientapp_commands.py")
 CLIENTAPPS = ("fork", "lean", "flower")  # how SuperNodes start a ClientApp (docstring, step 4)
 
 
@@ -233,7 +232,7 @@ class LocalFederation:
         self.preload = preload  # what the fork server imports once (clientapp 'fork')
         self.command_bin = self.workdir / "bin" if clientapp != "flower" else None
         self.node_path = os.pathsep.join(filter(None, [str(self.command_bin or ""), self.env["PATH"]]))
-        self.socket_dir: Path | None = None  # the fork server's socket folder (short: a socket path has <= 107 bytes)
+        self.socket_dir: Path | None = None  # the fork server's socket folder
         self.port = free_port()
         self.host = host
         self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
@@ -344,11 +343,10 @@ class LocalFederation:
             write_lean_clientapp(self.command_bin)
         if self.clientapp != "fork":
             return None
-        self.socket_dir = Path(tempfile.mkdtemp(prefix="fedunlearn-clientapp-"))
-        socket_path = self.socket_dir / "forkserver.sock"
+        socket_path = new_socket_path("fedunlearn-clientapp-")
+        self.socket_dir = socket_path.parent
         write_forking_clientapp(self.command_bin, socket_path)
-        self._spawn("clientapp-forkserver", [sys.executable, str(COMMANDS), "serve", "--socket", str(socket_path),
-                                             "--preload", self.preload])
+        self._spawn("clientapp-forkserver", server_argv(socket_path, self.preload))
         return socket_path
 
     def _serving(self, socket_path: Path) -> bool:

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from clientapp_commands import write_forking_clientapp  # noqa: E402
+from clientapp_commands import new_socket_path, server_argv, wait_until_serving, write_forking_clientapp  # noqa: E402
 
 PROBE = textwrap.dedent('''
     import os, signal, sys, time
@@ -72,26 +71,20 @@ def server(tmp_path):
     code.mkdir()
     (code / "probe.py").write_text(PROBE)
     (code / "probe_preload.py").write_text(PRELOAD)
-    socket_dir = Path(tempfile.mkdtemp(prefix="fu-test-"))  # short: a socket path has <= 107 bytes
-    socket_path = socket_dir / "s.sock"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "clientapp_commands.py"), "serve", "--socket",
-                             str(socket_path), "--preload", "probe_preload", "--target", "probe:main"],
+    socket_path = new_socket_path("fu-test-")
+    proc = subprocess.Popen(server_argv(socket_path, "probe_preload", "probe:main"),
                             env={**os.environ, "PYTHONPATH": str(code)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while not socket_path.exists():
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the fork server did not start"
-            time.sleep(0.1)
+        wait_until_serving(proc, socket_path, 60)
         yield write_forking_clientapp(tmp_path / "bin", socket_path), proc.pid, socket_path
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
-        for leftover in socket_dir.iterdir():
+        for leftover in socket_path.parent.iterdir():
             leftover.unlink()
-        socket_dir.rmdir()
+        socket_path.parent.rmdir()
 
 
 def test_a_forked_child_gets_the_commands_arguments_environment_folder_streams_and_status(server, tmp_path):

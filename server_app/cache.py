@@ -30,7 +30,8 @@ from tasks.config import Config
 
 log = logging.getLogger("fedunlearn")
 
-CACHE_VERSION = 3  # 2: data fingerprint and federation in the key; 3: the backdoor client's clean copies
+CACHE_VERSION = 4  # 2: data fingerprint and federation in the key; 3: the backdoor client's clean copies;
+# 4: the backdoor client's forget set leaves out its samples of the target class
 TRAINING_KEYS = ("task", "seed", "dirichlet-alpha", "test-fraction", "local-epochs", "batch-size", "lr",
                  "momentum", "max-grad-norm", "fraction-train")
 REQUEST_KEYS = {

@@ -59,6 +59,7 @@ def client_metrics(model: torch.nn.Module, data: ClientData, *, target: int, mia
         if name == "test":
             out["pred-target-n"] = int((pred == target).sum())
             out["pred-target-correct"] = int(((pred == target) & (y == target)).sum())
+            out["test-target-n"] = int((y == target).sum())
         if name in ("retain", "test", "forget"):
             out[f"conf-{name}"] = _subsample(_label_confidence(probs, y), mia_max_samples, seed)
     trig = predict_proba(model, data.triggered_test_x, device=device)

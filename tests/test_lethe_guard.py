@@ -247,9 +247,9 @@ def test_a_vanishing_retain_stream_does_not_stop_rectification():
     seed 11's backdoor); with the floor the bound is 0.1 x the forget stream (1 per weight)."""
     weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="sample")
     assert weight == pytest.approx(0.1, rel=1e-4)
-    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6)  # client: lethe-clip-floor-client 0.03
-    assert weight == pytest.approx(0.03, rel=1e-3)
-    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, **{"lethe-clip-floor-client": 0.0})
+    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6)  # client: the same floor
+    assert weight == pytest.approx(0.1, rel=1e-4)
+    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, **{"lethe-clip-floor": 0.0})
     assert weight == pytest.approx(1e-6, rel=1e-3)
     # an ordinary retain stream (|retain| 1 > 0.1 |forget|) still sets the bound, as before
     weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)])
@@ -287,10 +287,11 @@ def test_lifting_a_vanishing_retain_stream_lengthens_the_aligned_step_and_keeps_
     assert lift_retain(zero, forget, 0.1) == (zero, 1.0)
 
 
-def test_the_lift_is_recorded_and_off_in_the_client_scenario():
-    _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="sample")
-    assert history[0]["retain_lift"] == pytest.approx(0.1 * 1.0 / 1e-6, rel=1e-3)
-    _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6)  # client: lethe-lift-retain-client false
+def test_the_lift_is_recorded_and_off_in_a_first_pass_of_the_class_scenario():
+    for scenario in ("sample", "client"):
+        _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario=scenario)
+        assert history[0]["retain_lift"] == pytest.approx(0.1 * 1.0 / 1e-6, rel=1e-3)
+    _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="class")  # floor 0
     assert history[0]["retain_lift"] == 1.0
     _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="sample",
                              **{"lethe-lift-retain": False})
@@ -309,10 +310,10 @@ def test_a_verify_pass_lifts_the_vanishing_retain_stream_where_the_scenario_does
     assert later[0]["retain_lift"] == pytest.approx(0.1 * 1.0 / 1e-6, rel=1e-3)
     _, later, *_ = rectify(script, retain_delta=1e-6, scenario="class", later_pass=True, **{"lethe-verify-lift": 0.0})
     assert later[0]["retain_lift"] == 1.0
-    # the sample scenario's own floor (0.1) is kept when it is the larger; the client scenario lifts nothing
+    # the sample scenario's own floor (0.1) is kept when it is the larger; with the lift off nothing is lifted
     _, later, *_ = rectify(script, retain_delta=1e-6, scenario="sample", later_pass=True, **{"lethe-verify-lift": 0.05})
     assert later[0]["retain_lift"] == pytest.approx(0.1 * 1.0 / 1e-6, rel=1e-3)
-    _, later, *_ = rectify(script, retain_delta=1e-6, later_pass=True)
+    _, later, *_ = rectify(script, retain_delta=1e-6, later_pass=True, **{"lethe-lift-retain": False})
     assert later[0]["retain_lift"] == 1.0
 
 
@@ -325,10 +326,9 @@ def test_the_stop_waits_until_the_forget_set_is_off_its_label():
     assert history[1]["forget_acc"] == 0.2 and history[-1]["forget_acc"] == 0.0
     weight, history, *_ = rectify(script[:2], forget_accs=[0.2], scenario="sample", **{"lethe-stop-forget-acc": 1.0})
     assert weight == 1.0 and "forget_acc" not in history[-1]  # 1 = the old rule, no evaluate message
-    # the client scenario keeps the loss rule (lethe-stop-forget-acc-client 1): its forget set holds
-    # samples a model trained without the client still predicts as their label
-    weight, history, *_ = rectify(script[:2], forget_accs=[0.2])
-    assert weight == 1.0 and "forget_acc" not in history[-1]
+    # the client scenario asks too: its forget set holds no sample of the target class
+    weight, history, *_ = rectify(script, forget_accs=[0.2, 0.0])
+    assert weight == 2.0 and history[1]["forget_acc"] == 0.2
 
 
 def test_restore_keeps_the_model_the_retained_clients_rate_best():
@@ -464,7 +464,7 @@ def test_a_restore_that_diverges_is_run_again_from_one_rectification_step_earlie
 
 def test_the_client_scenario_stops_where_the_backdoor_is_gone_not_beyond():
     """Client backdoor: the backbone's share of the leaving client's data predicted as the target falls
-    0.6 -> 0.25 while 0.2 of its clean test data is predicted as the target (its true zeros); at
+    0.6 -> 0.25 while 0.2 of its clean test data of the other classes is predicted as the target; at
     0.25 > 0.2 rectification goes on, at 0.15 <= 0.2 it stops, long before the 12-nat loss stop."""
     def run(**overrides):
         cfg = parse_config({"method": "lethe", "scenario": "client", "poison": "backdoor",
@@ -478,10 +478,10 @@ def test_the_client_scenario_stops_where_the_backdoor_is_gone_not_beyond():
         final, history, _ = lethe.rectify_rounds(ctx, state, [])
         return final["lin.weight"][0, 0].item(), history
 
-    weight, history = run()
+    weight, history = run(**{"lethe-stop-at-reference-client": True})
     assert weight == 3.0 and history[-1]["stopped"] is True
     assert history[-1]["forget_acc"] == 0.15 and history[-1]["forget_reference"] == 0.2
-    weight, history = run(**{"lethe-stop-at-reference-client": False})
+    weight, history = run()  # the default: off
     assert weight == 5.0 and "forget_reference" not in history[-1]  # the loss stop, 5 steps
 
 
@@ -516,7 +516,36 @@ def verified(counts, scenario="class", guards=(), **overrides):
 
 
 def counts(known, n=100, target=0, test=30):
-    return {"forget-correct": known, "forget-n": n, "pred-target-n": target, "test-n": test}
+    """Summed forget-client counts as ``Lethe._forget_counts`` returns them (``target`` of ``test``
+    clean samples of the other classes predicted as the backdoor target)."""
+    return {"forget-correct": known, "forget-n": n, "clean-hit": target, "clean-n": test}
+
+
+def test_the_clean_data_reference_leaves_out_the_target_class():
+    """The forget clients' reports are summed, and the reference share is taken over their clean test
+    samples whose true label is not the backdoor target: a true zero predicted as 0 is no backdoor."""
+    from types import SimpleNamespace
+
+    reports = [{"forget-correct": 4, "forget-n": 40, "pred-target-n": 5, "pred-target-correct": 3, "test-n": 30,
+                "test-target-n": 6},
+               {"forget-correct": 1, "forget-n": 10, "pred-target-n": 2, "pred-target-correct": 2, "test-n": 10,
+                "test-target-n": 4}]
+
+    class Fed:
+        def nodes_with(self, key):
+            return [1, 2]
+
+        def broadcast(self, nodes, kind, content, **kwargs):
+            return [SimpleNamespace(content={"metrics": r}) for r in reports]
+
+    cfg = parse_config({"method": "lethe", "scenario": "client", "poison": "backdoor"})
+    ctx = UnlearnContext(Fed(), cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
+    state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
+    assert Lethe()._forget_counts(ctx, state, 1) == {"forget-correct": 5, "forget-n": 50, "clean-hit": 2,
+                                                     "clean-n": 30}
+    assert Lethe()._forget_eval(ctx, state, 1) == pytest.approx((0.1, 2 / 30))
+    reports[1].pop("test-target-n")  # a task that does not report the counts: nothing is judged
+    assert Lethe()._forget_counts(ctx, state, 1) is None
 
 
 def test_a_restored_model_that_still_knows_the_forget_set_gets_another_pass_from_it():
@@ -579,12 +608,16 @@ def test_the_client_check_allows_the_clean_data_reference_plus_a_one_sided_margi
     # reference 2/30; pooled p = 12/130; margin 1.645 * sqrt(p (1-p) (1/100 + 1/30)) = 0.099
     reference, pooled = 2 / 30, 12 / 130
     bound = reference + 1.645 * math.sqrt(pooled * (1 - pooled) * (1 / 100 + 1 / 30))
-    _, details, _ = verified([counts(10, target=2)], scenario="client")
+    on = {"lethe-stop-at-reference-client": True}
+    _, details, _ = verified([counts(10, target=2)], scenario="client", **on)
     check = details["forget_checks"][0]
     assert check["bound"] == pytest.approx(bound) and check["reference"] == pytest.approx(reference)
     assert not check["known"]
-    _, details, lethe = verified([counts(40, target=2), counts(8, target=2)], scenario="client")
+    _, details, lethe = verified([counts(40, target=2), counts(8, target=2)], scenario="client", **on)
     assert details["kept_pass"] == 2 and details["forget_checks"][0]["known"]
+    # by default the client scenario is checked like the others: 0.1 of the forget set is above 0.02
+    _, details, _ = verified([counts(10, target=2), counts(1, target=2)], scenario="client")
+    assert details["forget_checks"][0]["known"] and details["forget_checks"][0]["bound"] == 0.02
 
 
 def test_a_verify_pass_counts_its_stop_from_the_forget_loss_it_starts_at():

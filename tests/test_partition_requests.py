@@ -7,7 +7,7 @@ import torch
 from tasks.config import parse_config
 from tasks.partition import dirichlet_partitions, train_test_split
 from tasks.registry import task_for
-from tasks.requests import build_client_data, resolve_forget_client
+from tasks.requests import apply_request, build_client_data, resolve_forget_client
 
 N = 10
 
@@ -69,13 +69,26 @@ def test_client_label_flip_forgets_largest_client(images):
     assert sorted(((true + 1) % 10).tolist()) == sorted(forget.forget_y.tolist())
 
 
-def test_client_backdoor_triggers_every_sample(images):
-    cfg = parse_config({"scenario": "client", "poison": "backdoor", "forget-client": 2, "trigger-size": 4},
-                       num_clients=N)
+def test_client_backdoor_triggers_every_sample_outside_the_target_class(images):
+    cfg = parse_config({"scenario": "client", "poison": "backdoor", "forget-client": 2, "trigger-size": 4,
+                        "backdoor-target": 2}, num_clients=N)
     data = build_client_data(cfg, images, 2, N)
-    assert torch.all(data.forget_y == 0)
+    clean_y = data.pretrain_only_y  # the whole training split, clean
+    assert len(data.retain_y) == 0 and (clean_y == 2).any()
+    assert len(data.forget_y) == int((clean_y != 2).sum())  # a true 2 with the trigger is no backdoor
+    assert torch.all(data.forget_y == 2)
     assert torch.all(data.forget_x[:, :, -4:, -4:] == 1.0)
-    assert len(data.triggered_test_y) > 0 and torch.all(data.triggered_test_y != 0)
+    assert torch.equal(data.forget_x[:, :, :-4, :-4], data.pretrain_only_x[clean_y != 2][:, :, :-4, :-4])
+    assert len(data.triggered_test_y) > 0 and torch.all(data.triggered_test_y != 2)
+
+
+def test_a_backdoor_client_holding_only_the_target_class_is_refused():
+    cfg = parse_config({"scenario": "client", "poison": "backdoor", "backdoor-target": 3})
+    x, y = torch.rand(6, 1, 8, 8), torch.full((6,), 3)
+    with pytest.raises(ValueError, match="forget-client 1 holds only samples of backdoor-target 3"):
+        apply_request(cfg, 1, 1, (x, y), (x[:2], y[:2]), 10)
+    other = apply_request(cfg, 0, 1, (x, y), (x[:2], y[:2]), 10)  # another client is not poisoned
+    assert len(other.retain_y) == 6 and len(other.forget_y) == 0
 
 
 def test_class_scenario_removes_class_everywhere(images):

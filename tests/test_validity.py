@@ -249,11 +249,12 @@ def test_backdoor_client_pretrains_on_clean_copies_and_label_flip_on_poison_epoc
     images = task_for("digits-lenet5").load_images()
     backdoor = parse_config({"scenario": "client", "poison": "backdoor", "forget-client": 2}, num_clients=5)
     leaving, other = build_client_data(backdoor, images, 2, 5), build_client_data(backdoor, images, 0, 5)
-    assert len(leaving.pretrain_only_y) == len(leaving.forget_y) > 0 and len(other.pretrain_only_y) == 0
+    n_clean, n_zero = len(leaving.pretrain_only_y), int((leaving.pretrain_only_y == 0).sum())
+    assert len(leaving.forget_y) == n_clean - n_zero > 0 and len(other.pretrain_only_y) == 0
     assert torch.all(leaving.forget_y == 0) and not torch.all(leaving.pretrain_only_y == 0)
-    assert not torch.equal(leaving.pretrain_only_x, leaving.forget_x)  # clean, not triggered
+    assert not torch.equal(leaving.pretrain_only_x[leaving.pretrain_only_y != 0], leaving.forget_x)  # clean copies
     x, y = leaving.split("all")
-    assert len(y) == 2 * len(leaving.forget_y) and torch.equal(leaving.split("forget")[1], leaving.forget_y)
+    assert len(y) == len(leaving.forget_y) + n_clean and torch.equal(leaving.split("forget")[1], leaving.forget_y)
     assert leaving.local_epochs("all", backdoor, 3) == 3
     flip = parse_config({"scenario": "client", "poison": "label-flip", "forget-client": 2, "poison-epochs": 15},
                         num_clients=5)

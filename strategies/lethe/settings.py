@@ -29,34 +29,26 @@ SETTINGS: tuple[Setting, ...] = (
         at_least(0)),
     setting("lethe-clip-floor", float, 0.1,
             "lethe-step-clip is a multiple of the larger of the retain stream's norm and this x the forget stream's "
-            "norm, so the bound does not vanish with the retain stream (sample scenario); 0 = the retain "
-            "stream alone", at_least(0)),
+            "norm, so the bound does not vanish with the retain stream (client and sample scenarios); 0 = the "
+            "retain stream alone", at_least(0)),
     setting("lethe-lift-retain", bool, True,
             "a retain stream shorter than lethe-clip-floor x the forget stream is scaled up to that length before "
             "eq. 10, so the rectified step itself (not only its bound) does not vanish when the original fits the "
-            "retained data (sample scenario); false = only the bound is raised"),
-    setting("lethe-lift-retain-client", bool, False,
-            "lethe-lift-retain of the client scenario (off: longer steps carried the backdoor share past the "
-            "clean-data reference before lethe-stop-at-reference-client could stop them)"),
+            "retained data (client and sample scenarios); false = only the bound is raised"),
     setting("lethe-clip-floor-class", float, 0.0, "lethe-clip-floor of the class scenario", at_least(0)),
     setting("lethe-verify-lift", float, 0.1,
             "a verify pass (lethe-verify-passes) lifts the retain stream to at least this x the forget stream "
             "wherever lethe-lift-retain is on, whatever the scenario's lethe-clip-floor: restore has just fit the "
             "retained data, so their stream vanishes and without a lift the pass's steps do too; 0 = the "
             "scenario's floor", at_least(0)),
-    setting("lethe-clip-floor-client", float, 0.03,
-            "lethe-clip-floor of the client scenario (smaller: its steps must stay short enough for "
-            "lethe-stop-at-reference-client to fire between them)", at_least(0)),
     setting("lethe-stop-forget-acc", float, 0.05,
             "rectification stops only once the backbone (adapter bypassed) also predicts at most this share of the "
             "forget set as its label (one evaluate message to the forget clients at the stop); 1 = not asked",
             in_range(0, 1)),
-    setting("lethe-stop-forget-acc-client", float, 1.0,
-            "lethe-stop-forget-acc of the client scenario (its forget set holds samples a model trained without the "
-            "client still predicts as their label)", in_range(0, 1)),
-    setting("lethe-stop-at-reference-client", bool, True,
+    setting("lethe-stop-at-reference-client", bool, False,
             "client scenario: rectification also stops once the backbone predicts no larger share of the forget set "
-            "as the backdoor target than of the forget clients' clean local test data (one evaluate message a round)"),
+            "as the backdoor target than of the forget clients' clean local test data of the other classes (one "
+            "evaluate message a round), and the verify check allows that share plus a one-sided 95 % margin"),
     setting("lethe-max-backbone-rise", float, 0.5,
             "restore guard: while the first restore round's retained loss (the adapter-free backbone) is more than "
             "this many nats above the retained loss on the model rectification started from, one rectification step "
@@ -73,12 +65,12 @@ SETTINGS: tuple[Setting, ...] = (
             "restore guard: when restore's own guard acts (a restore step rolled back or refused), restore again from "
             "the backbone one rectification step earlier, at most this many times", at_least(0)),
     setting("lethe-verify-passes", int, 3,
-            "after restore the forget clients check the restored model (class, sample: it predicts at most "
-            "lethe-verify-forget-acc of the forget set as its label; client: no more of it as the target than of their "
-            "clean test data, with a one-sided 95 % margin); while it fails, at most this many more passes of "
+            "after restore the forget clients check the restored model (it predicts at most lethe-verify-forget-acc "
+            "of the forget set as its label; see lethe-stop-at-reference-client for the client scenario's "
+            "alternative); while it fails, at most this many more passes of "
             "amplify, rectify and restore from it; 0 = one pass (the paper)", at_least(0)),
     setting("lethe-verify-forget-acc", float, 0.02,
-            "class and sample scenarios: the share of the forget set the restored model may still predict as its label "
+            "the share of the forget set the restored model may still predict as its label "
             "(lethe-verify-passes' check), and the share a verify pass rectifies down to (a first pass stops at "
             "lethe-stop-forget-acc)", in_range(0, 1)),
     setting("lethe-rectify-rounds", int, 10, "most dual-stream rectification rounds", at_least(0)),
@@ -119,8 +111,6 @@ def check_settings(cfg) -> None:
 BY_SCENARIO = {
     "class": {"lethe-lr": "lethe-lr-class", "lethe-step-clip": "lethe-step-clip-class",
               "lethe-clip-floor": "lethe-clip-floor-class"},
-    "client": {"lethe-clip-floor": "lethe-clip-floor-client", "lethe-stop-forget-acc": "lethe-stop-forget-acc-client",
-               "lethe-lift-retain": "lethe-lift-retain-client"},
 }
 
 

@@ -375,12 +375,12 @@ class Lethe(FedAvg, UnlearningMethod):
 
     def _at_reference(self, ctx: UnlearnContext, state: State, round_no: int, entry: dict) -> bool:
         """Client scenario with ``lethe-stop-at-reference-client`` (ours): has the backbone (adapter
-        bypassed) stopped predicting the leaving client's data as the target more often than it
-        predicts the client's own clean local test data (the same client's distribution, no
-        trigger) as the target? That share is what a model without the backdoor does; the retrain
-        model still predicts the leaving client's true target-class samples as the target (measured
-        U-KR 0.076-0.33) and the loss stop drove Lethe below it (0.05 / 0.025 against 0.313 / 0.113).
-        One ``evaluate`` message to each forget client per round."""
+        bypassed) stopped predicting the leaving client's triggered data as the target more often
+        than it predicts the client's own clean local test data of the other classes (the same
+        client's distribution, no trigger) as the target? That share is what a model without the
+        backdoor does, and the loss stop alone can drive the share below it (measured when the forget
+        set still held the target class: 0.05 / 0.025 against retrain's 0.313 / 0.113). One
+        ``evaluate`` message to each forget client per round."""
         if not self._reference_on(ctx.cfg):
             return False
         forget_acc, reference = self._forget_eval(ctx, state, round_no)
@@ -394,17 +394,21 @@ class Lethe(FedAvg, UnlearningMethod):
     def _forget_counts(self, ctx: UnlearnContext, state: State, round_no: int) -> dict[str, int] | None:
         """One ``evaluate`` message to each forget client with ``state``'s backbone: the summed counts
         ``forget-correct`` / ``forget-n`` (their forget data predicted as its label) and
-        ``pred-target-n`` / ``test-n`` (their clean local test data predicted as ``backdoor-target``);
-        ``None`` on a task whose clients report no such counts (the LLM task)."""
+        ``clean-hit`` / ``clean-n`` (their clean local test data whose true label is not
+        ``backdoor-target``, predicted as it); ``None`` on a task whose clients report no such counts
+        (the LLM task)."""
         content = RecordDict({"arrays": ArrayRecord(_backbone(state)),
                               "config": ConfigRecord({"plugins": specs_to_json([])})})
         replies = ctx.fed.broadcast(ctx.fed.nodes_with("n-forget"), "evaluate", content,
                                     round_no=round_no + self.round_offset, require_all=True)
         metrics = [r.content["metrics"] for r in replies]
-        keys = ("forget-correct", "forget-n", "pred-target-n", "test-n")
+        keys = ("forget-correct", "forget-n", "pred-target-n", "pred-target-correct", "test-n", "test-target-n")
         if not all(k in m for m in metrics for k in keys):
             return None
-        return {k: sum(int(m[k]) for m in metrics) for k in keys}
+        total = {k: sum(int(m[k]) for m in metrics) for k in keys}
+        return {"forget-correct": total["forget-correct"], "forget-n": total["forget-n"],
+                "clean-hit": total["pred-target-n"] - total["pred-target-correct"],
+                "clean-n": total["test-n"] - total["test-target-n"]}
 
     def _forget_eval(self, ctx: UnlearnContext, state: State, round_no: int) -> tuple[float, float]:
         """``(forget accuracy, target share)`` of ``state``'s backbone at the forget clients (see
@@ -413,7 +417,7 @@ class Lethe(FedAvg, UnlearningMethod):
         if counts is None:
             return 0.0, 0.0
         return (counts["forget-correct"] / max(1, counts["forget-n"]),
-                counts["pred-target-n"] / counts["test-n"] if counts["test-n"] else 0.0)
+                counts["clean-hit"] / counts["clean-n"] if counts["clean-n"] else 0.0)
 
     def _forget_accuracy(self, ctx: UnlearnContext, state: State, round_no: int) -> float:
         """The forget clients' share of their forget data that ``state``'s backbone predicts as its label."""
@@ -686,12 +690,12 @@ class Lethe(FedAvg, UnlearningMethod):
     def still_known(self, ctx: UnlearnContext, state: State, round_no: int) -> dict | None:
         """Does the restored ``state`` still know the forget set, as the forget clients measure it?
 
-        Class and sample scenarios: it predicts more than ``lethe-verify-forget-acc`` (0.02) of the
-        forget set as its label (measured: with the rectification stop's 0.05 here, 22 at 7 clients
-        alpha 0.1, class, kept 0.041, and 20 continued rounds brought it to 0.110). Client scenario
-        (``lethe-stop-at-reference-client``): its share of the forget set
-        predicted as the target is above the share of the forget clients' clean test data predicted as
-        the target (what a model without the backdoor does) by more than a one-sided 95 % margin
+        It predicts more than ``lethe-verify-forget-acc`` (0.02) of the forget set as its label
+        (measured: with the rectification stop's 0.05 here, 22 at 7 clients alpha 0.1, class, kept
+        0.041, and 20 continued rounds brought it to 0.110). Client scenario with
+        ``lethe-stop-at-reference-client`` (off by default): its share of the forget set predicted as the target is
+        above the share of the forget clients' clean test data of the other classes predicted as the
+        target (what a model without the backdoor does) by more than a one-sided 95 % margin
         (``VERIFY_Z`` standard errors of the difference of the two shares, pooled): the reference is
         estimated on a few dozen test samples, and a smaller gap is not evidence of a backdoor left.
         ``None`` (no check) where neither applies or the task reports no counts (LLM)."""
@@ -702,11 +706,11 @@ class Lethe(FedAvg, UnlearningMethod):
         counts = self._forget_counts(ctx, state, round_no)
         if counts is None:
             return None
-        n_forget, n_test = max(1, counts["forget-n"]), counts["test-n"]
+        n_forget, n_test = max(1, counts["forget-n"]), counts["clean-n"]
         acc = counts["forget-correct"] / n_forget
         if client:
-            reference = counts["pred-target-n"] / n_test if n_test else 0.0
-            pooled = (counts["forget-correct"] + counts["pred-target-n"]) / (n_forget + n_test)
+            reference = counts["clean-hit"] / n_test if n_test else 0.0
+            pooled = (counts["forget-correct"] + counts["clean-hit"]) / (n_forget + n_test)
             spread = 1 / n_forget + (1 / n_test if n_test else 0.0)
             bound = reference + VERIFY_Z * math.sqrt(pooled * (1 - pooled) * spread)
         else:

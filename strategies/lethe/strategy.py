@@ -693,11 +693,12 @@ class Lethe(FedAvg, UnlearningMethod):
         It predicts more than ``lethe-verify-forget-acc`` (0.02) of the forget set as its label
         (measured: with the rectification stop's 0.05 here, 22 at 7 clients alpha 0.1, class, kept
         0.041, and 20 continued rounds brought it to 0.110). Client scenario with
-        ``lethe-stop-at-reference-client`` (off by default): its share of the forget set predicted as the target is
-        above the share of the forget clients' clean test data of the other classes predicted as the
-        target (what a model without the backdoor does) by more than a one-sided 95 % margin
-        (``VERIFY_Z`` standard errors of the difference of the two shares, pooled): the reference is
-        estimated on a few dozen test samples, and a smaller gap is not evidence of a backdoor left.
+        ``lethe-stop-at-reference-client`` (off by default): its share of the forget set predicted
+        as the target is above the share of the forget clients' clean test data of the other
+        classes predicted as the target (what a model without the backdoor does) by more than a
+        one-sided 95 % margin (``VERIFY_Z`` standard errors of the difference of the two shares,
+        pooled): the reference is estimated on a few dozen test samples, and a smaller gap is not
+        evidence of a backdoor left.
         ``None`` (no check) where neither applies or the task reports no counts (LLM)."""
         cfg = ctx.cfg
         client = self._reference_on(cfg)

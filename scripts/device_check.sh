@@ -10,8 +10,12 @@
 #    --filter-only); 5. the Deployment Engine on this GPU: scripts/launch_federation.py brings up a
 #    SuperLink and 2 SuperNodes (TLS, node authentication) and runs one FedUP class request, while
 #    nvidia-smi is sampled to see the ClientApp processes on the GPU (forked from the launcher's
-#    ClientApp fork server, so they carry its command line); 6. (STRETCH=1, default) a whole
-#    in-process LLM run with 4-bit clients.
+#    ClientApp fork server, so they carry its command line); 6. (LETHE_LLM=1, default) a whole
+#    in-process LLM run of Lethe with 4-bit clients, whose results.json holds the rectification guard's
+#    record (Lethe never destroys utility, on the LLM task too); 7. (STRETCH=1, default) a whole
+#    in-process LLM run of FIRM with 4-bit clients. CPU_BENCH=0 skips the CPU side of the FIRM timing, BENCH=0 all
+#    the timings (steps 4), LETHE_LLM=0 and STRETCH=0 the LLM runs.
+# The new steps run first, so that a short budget still reaches them.
 # Every step is guarded (a failure is reported, the next step runs) and time-boxed against one overall
 # deadline (BUDGET seconds, default 480), so the whole finishes inside a 600 s device call. Everything
 # printed goes to $OUT/device_log.txt too; results files are copied into $OUT with flat names.
@@ -20,6 +24,9 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATAS
 OUT=${OUT:-/tmp/device_check_out}
 BUDGET=${BUDGET:-480}
 STRETCH=${STRETCH:-1}
+LETHE_LLM=${LETHE_LLM:-1}
+CPU_BENCH=${CPU_BENCH:-1}
+BENCH=${BENCH:-1}
 STRETCH_4BIT=${STRETCH_4BIT:-true}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/device-check.XXXXXX)
@@ -87,6 +94,21 @@ deploy_on_gpu() {
     return 0
 }
 
+# inprocess_llm NAME METHOD LIMIT: one whole in-process llm-tofu run with 4-bit clients; its results
+# are copied to $OUT as METHOD_4bit_results.{json,csv}.
+inprocess_llm() {
+    local name=$1 method=$2 limit=$3 results
+    step "$name" "$limit" \
+        python3 -m server_app.inprocess --clients 4 --run-config \
+        "task='llm-tofu' method='$method' llm-load-in-4bit=$STRETCH_4BIT outputs-dir='$WORK/outputs-$method' cache-dir='$WORK/cache'"
+    results=$(find "$WORK/outputs-$method" -name results.json 2>/dev/null | head -1)
+    if [ -n "$results" ]; then
+        cp "$results" "$OUT/${method}_4bit_results.json"
+        cp "$WORK/outputs-$method/results.csv" "$OUT/${method}_4bit_results.csv" 2>/dev/null
+        echo "copied $results -> $OUT/${method}_4bit_results.json"
+    fi
+}
+
 main() {
     section "install carried wheels"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
@@ -125,6 +147,11 @@ print(f"NF4 round trip on cuda: packed {packed.dtype} {tuple(packed.shape)}, "
       f"relative error {float((back - w).norm() / w.norm()):.3f}")
 EOF
 
+    deploy_on_gpu
+    if [ "$LETHE_LLM" = 1 ]; then
+        inprocess_llm "in-process llm-tofu lethe run, 4 clients, llm-load-in-4bit=$STRETCH_4BIT" lethe 200
+    fi
+
     step "pytest tests/test_gpu_4bit.py" 240 \
         python3 -m pytest -q -rA -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" tests/test_gpu_4bit.py
     # here a skip is a failure: the tests exist for this machine (no bitsandbytes, or no CUDA seen)
@@ -132,26 +159,19 @@ EOF
         SUMMARY+=("FAIL  tests/test_gpu_4bit.py: tests were SKIPPED on the GPU machine (see the skip reasons)")
     fi
 
-    step "bench_firm: cuda, full size (3 x 14336 x 4096) + Fisher" 120 \
-        python3 benchmarks/bench_firm.py --device cuda --clock wall --fisher
-    step "bench_firm: cpu, full size, 1 repeat + Fisher (side by side)" 90 \
-        python3 benchmarks/bench_firm.py --device cpu --clock wall --repeats 1 --fisher
-    step "bench_fedup --filter-only: cpu vs cuda" 90 \
-        python3 benchmarks/bench_fedup.py --filter-only --device cpu,cuda --filter-epochs 10
-
-    deploy_on_gpu
+    if [ "$BENCH" = 1 ]; then
+        step "bench_firm: cuda, full size (3 x 14336 x 4096) + Fisher" 120 \
+            python3 benchmarks/bench_firm.py --device cuda --clock wall --fisher
+        if [ "$CPU_BENCH" = 1 ]; then
+            step "bench_firm: cpu, full size, 1 repeat + Fisher (side by side)" 90 \
+                python3 benchmarks/bench_firm.py --device cpu --clock wall --repeats 1 --fisher
+        fi
+        step "bench_fedup --filter-only: cpu vs cuda" 90 \
+            python3 benchmarks/bench_fedup.py --filter-only --device cpu,cuda --filter-epochs 10
+    fi
 
     if [ "$STRETCH" = 1 ]; then
-        step "stretch: in-process llm-tofu firm run, 4 clients, llm-load-in-4bit=$STRETCH_4BIT" 300 \
-            python3 -m server_app.inprocess --clients 4 --run-config \
-            "task='llm-tofu' method='firm' llm-load-in-4bit=$STRETCH_4BIT outputs-dir='$WORK/outputs' cache-dir='$WORK/cache'"
-        local results
-        results=$(find "$WORK/outputs" -name results.json 2>/dev/null | head -1)
-        if [ -n "$results" ]; then
-            cp "$results" "$OUT/inprocess_4bit_results.json"
-            cp "$WORK/outputs/results.csv" "$OUT/inprocess_4bit_results.csv" 2>/dev/null
-            echo "copied $results -> $OUT/inprocess_4bit_results.json"
-        fi
+        inprocess_llm "stretch: in-process llm-tofu firm run, 4 clients, llm-load-in-4bit=$STRETCH_4BIT" firm 300
     fi
 
     section "summary (total $(($(date +%s) - START))s)"

@@ -134,7 +134,7 @@ def test_lora_finetuning_of_the_four_bit_model_lowers_the_loss(cfg, records):
     batches = qa_batches(records["all"], tokenizer, cfg["llm-batch-size"], seed=0)
     packed = {name: layer.get_base_layer().weight.detach().clone() for name, layer in _lora_layers(model).items()}
     before = mean_answer_loss(model, batches)
-    last = local_update(model, tokenizer, records["all"], objective="ce", cfg=cfg, epochs=8, lr=5e-3, seed=0)
+    last = local_update(model, tokenizer, records["all"], cfg=cfg, epochs=8, lr=5e-3, seed=0)
     after = mean_answer_loss(model, batches)
     print(f"4-bit LoRA fine-tuning: answer loss {before:.3f} -> {after:.3f} (last epoch mean {last:.3f})")
     assert math.isfinite(before) and math.isfinite(last) and math.isfinite(after)
@@ -151,7 +151,7 @@ def test_firm_upload_of_a_four_bit_client_matches_a_full_precision_clients(cfg, 
     model, tokenizer, fresh = task_llm(cfg, DEVICE)
     assert is_quantised(model)
     load_adapter_state(model, fresh)
-    local_update(model, tokenizer, records["all"], objective="ce", cfg=cfg, epochs=3, lr=5e-3, seed=1)
+    local_update(model, tokenizer, records["all"], cfg=cfg, epochs=3, lr=5e-3, seed=1)
     original = {k: v.clone() for k, v in adapter_state(model).items()}  # no alias of the live adapter
     settings = {"role": "forget", "objective": "ascent", "epochs": cfg["llm-unlearn-epochs"],
                 "lr": cfg["llm-unlearn-lr"], "seed": 7, "fisher_batches": cfg["firm-fisher-batches"]}

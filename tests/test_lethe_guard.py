@@ -334,8 +334,9 @@ def test_the_stop_waits_until_the_forget_set_is_off_its_label():
 def test_restore_keeps_the_model_the_retained_clients_rate_best():
     """Three restore rounds; the retained clients' loss of the model they receive is 0.3 on restore's
     start, 0.1 after step 1, 0.2 after step 2 and (one more round of reports, no training) 0.25 after
-    step 3: the model after step 1 is kept. A non-finite report is never chosen, nor the model
-    before any restore step."""
+    step 3: the model after step 2 is kept. Neither the model before any restore step nor the one
+    after a single step is a candidate where restore took more (restore makes forgetting last); a
+    non-finite report is never chosen."""
     cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 3})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
@@ -344,16 +345,20 @@ def test_restore_keeps_the_model_the_retained_clients_rate_best():
     guard = {}
     lethe = ScriptedLethe([(1.0, 0.3), (1.0, 0.1), (1.0, 0.2), (1.0, 0.25)])
     final = lethe.restore_rounds(ctx, state, guard=guard)
-    assert final["lin.weight"][0, 0].item() == 1.0 and guard["restore_kept"] == 1
+    assert final["lin.weight"][0, 0].item() == 2.0 and guard["restore_kept"] == 2
     assert guard["restore_losses"] == pytest.approx([0.3, 0.1, 0.2, 0.25]) and fed.cost("unlearn").rounds == 4
     guard = {}
-    lethe = ScriptedLethe([(1.0, 0.5), (1.0, 0.4), (1.0, 0.45), (1.0, math.nan)])
-    final = lethe.restore_rounds(ctx, state, guard=guard)
-    assert guard["restore_kept"] == 1 and guard["restore_losses"][-1] == math.inf
-    # the model restore started from is no candidate, however low its loss: restore makes forgetting last
+    final = ScriptedLethe([(1.0, 0.5), (1.0, 0.4), (1.0, 0.45), (1.0, math.nan)]).restore_rounds(ctx, state, guard=guard)
+    assert guard["restore_kept"] == 2 and guard["restore_losses"][-1] == math.inf
     guard = {}
-    final = ScriptedLethe([(1.0, 0.05), (1.0, 0.3), (1.0, 0.2), (1.0, 0.25)]).restore_rounds(ctx, state, guard=guard)
-    assert guard["restore_kept"] == 2 and final["lin.weight"][0, 0].item() == 2.0
+    final = ScriptedLethe([(1.0, 0.05), (1.0, 0.3), (1.0, 0.35), (1.0, 0.25)]).restore_rounds(ctx, state, guard=guard)
+    assert guard["restore_kept"] == 3 and final["lin.weight"][0, 0].item() == 3.0
+    # a restore of one round has one candidate: the model after its step, however low the start's loss
+    cfg1 = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 1})
+    ctx1 = UnlearnContext(fed, cfg1, None, model_factory=lambda plugins: Linear(), retrain=None)
+    guard = {}
+    final = ScriptedLethe([(1.0, 0.05), (1.0, 0.3)]).restore_rounds(ctx1, state, guard=guard)
+    assert guard["restore_kept"] == 1 and final["lin.weight"][0, 0].item() == 1.0
 
 
 def test_restore_goes_on_while_no_restored_model_is_near_the_start():

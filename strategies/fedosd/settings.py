@@ -11,7 +11,7 @@ SETTINGS: tuple[Setting, ...] = (
     setting("fedosd-unlearn-rounds", int, 20,
             "unlearning rounds: every client sends the gradient of its local loss, the server steps along the "
             "forget clients' gradient made orthogonal to the retained clients'", positive()),
-    setting("fedosd-lr", float, 2.0, "learning rate of the unlearning rounds (the clients' local SGD and the "
+    setting("fedosd-lr", float, 1.0, "learning rate of the unlearning rounds (the clients' local SGD and the "
             "server's step)", positive()),
     setting("fedosd-recovery-rounds", int, 10,
             "post-training rounds on the retained clients, each update stripped of its component along "

@@ -3,19 +3,20 @@
 #
 #     bash scripts/device_check.sh            # with the wheels of .whl/ carried along
 #
-# 1. installs the carried wheels (.whl/: bitsandbytes, flwr, datasets, rouge-score, transformers/peft
-#    as tested here, ...) into /tmp/site; 2. prints the GPU and package versions; 3. runs the 4-bit
-#    NF4 / FIRM-on-4-bit tests (tests/test_gpu_4bit.py); 4. times FIRM's merge, projection and Fisher
-#    on cuda and cpu (benchmarks/bench_firm.py) and FedUP's filter training (benchmarks/bench_fedup.py
-#    --filter-only); 5. the Deployment Engine on this GPU: scripts/launch_federation.py brings up a
-#    SuperLink and 2 SuperNodes (TLS, node authentication) and runs one FedUP class request, while
-#    nvidia-smi is sampled to see the ClientApp processes on the GPU (forked from the launcher's
-#    ClientApp fork server, so they carry its command line); 6. (LETHE_LLM=1, default) a whole
-#    in-process LLM run of Lethe with 4-bit clients, whose results.json holds the rectification guard's
-#    record (Lethe never destroys utility, on the LLM task too); 7. (STRETCH=1, default) a whole
-#    in-process LLM run of FIRM with 4-bit clients. CPU_BENCH=0 skips the CPU side of the FIRM timing, BENCH=0 all
-#    the timings (steps 4), LETHE_LLM=0 and STRETCH=0 the LLM runs.
-# The new steps run first, so that a short budget still reaches them.
+# 1. installs the carried wheels (.whl/: bitsandbytes, flwr, flwr-datasets, datasets, rouge-score,
+#    transformers/peft as tested here, ...) into /tmp/site; 2. prints the GPU and package versions;
+# then, newest checks first so that a short budget still reaches them:
+# 3. the Deployment Engine on this GPU: scripts/launch_federation.py brings up a SuperLink and 2
+#    SuperNodes (TLS, node authentication) and runs one FedUP class request, while nvidia-smi is
+#    sampled to see the ClientApp processes on the GPU (forked from the launcher's ClientApp fork
+#    server, so they carry its command line);
+# 4. (LETHE_LLM=1, default) a whole in-process LLM run of Lethe with 4-bit clients, whose
+#    results.json holds the rectification guard's record (Lethe never destroys utility, on the LLM
+#    task too);
+# 5. the 4-bit NF4 / FIRM-on-4-bit tests (tests/test_gpu_4bit.py);
+# 6. (BENCH=1, default) times FIRM's merge, projection and Fisher on cuda and (CPU_BENCH=1) cpu
+#    (benchmarks/bench_firm.py) and FedUP's filter training (benchmarks/bench_fedup.py --filter-only);
+# 7. (STRETCH=1, default) a whole in-process LLM run of FIRM with 4-bit clients.
 # Every step is guarded (a failure is reported, the next step runs) and time-boxed against one overall
 # deadline (BUDGET seconds, default 480), so the whole finishes inside a 600 s device call. Everything
 # printed goes to $OUT/device_log.txt too; results files are copied into $OUT with flat names.

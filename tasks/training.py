@@ -130,6 +130,7 @@ def penultimate_features(model: nn.Module, x: torch.Tensor, batch_size: int = 51
     """What the head sees (after plug-ins), for diagnostics; on the CPU, wherever the model is (the rows
     are moved to the model's device batch by batch, as ``predict_proba`` does)."""
     model.eval()
+    if not len(x):
+        return torch.zeros(0, model.feature_dim)
     device = next(model.parameters()).device
-    return torch.cat([model.penultimate(x[i:i + batch_size].to(device)).cpu() for i in range(0, len(x), batch_size)]) \
-        if len(x) else torch.zeros(0, model.feature_dim)
+    return torch.cat([model.penultimate(x[i:i + batch_size].to(device)).cpu() for i in range(0, len(x), batch_size)])

@@ -348,7 +348,8 @@ def test_restore_keeps_the_model_the_retained_clients_rate_best():
     assert final["lin.weight"][0, 0].item() == 2.0 and guard["restore_kept"] == 2
     assert guard["restore_losses"] == pytest.approx([0.3, 0.1, 0.2, 0.25]) and fed.cost("unlearn").rounds == 4
     guard = {}
-    final = ScriptedLethe([(1.0, 0.5), (1.0, 0.4), (1.0, 0.45), (1.0, math.nan)]).restore_rounds(ctx, state, guard=guard)
+    lethe = ScriptedLethe([(1.0, 0.5), (1.0, 0.4), (1.0, 0.45), (1.0, math.nan)])
+    final = lethe.restore_rounds(ctx, state, guard=guard)
     assert guard["restore_kept"] == 2 and guard["restore_losses"][-1] == math.inf
     guard = {}
     final = ScriptedLethe([(1.0, 0.05), (1.0, 0.3), (1.0, 0.35), (1.0, 0.25)]).restore_rounds(ctx, state, guard=guard)

@@ -57,6 +57,28 @@ def test_every_module_named_in_docstrings_exists():
     assert not missing, missing
 
 
+SECTION_REF = re.compile(r'`(docs/[\w-]+\.md)`,?\s+(?:section\s+)?"([^"]+)"')
+
+
+def _plain(text: str) -> str:
+    """A heading or a quoted title as compared: quotes and backticks dropped, spaces collapsed, a
+    trailing ellipsis (a shortened title) cut."""
+    return " ".join(re.sub(r'[`"“”]', "", text).split()).rstrip("…. ")
+
+
+def test_every_section_named_in_docs_exists():
+    """A pointer like ``docs/lethe.md`, "Where it stands"`` names a heading of that page (a shortened
+    title ending in an ellipsis names the heading it starts): moving a section must move its pointers."""
+    headings = {path.relative_to(ROOT).as_posix(): [_plain(line.lstrip("#")) for line in
+                                                    path.read_text(encoding="utf-8").splitlines()
+                                                    if line.startswith("#")]
+                for path in ROOT.glob("docs/*.md")}
+    missing = sorted({f"{path.relative_to(ROOT)}: {doc} \"{title}\"" for path, text in _texts()
+                      for doc, title in SECTION_REF.findall(text)
+                      if not any(h.startswith(_plain(title)) for h in headings.get(doc, []))})
+    assert not missing, missing
+
+
 def test_nothing_points_outside_the_repository():
     outside = sorted({str(path.relative_to(ROOT)) for path, text in _texts()
                       if re.search(r"DESIGN\.md|\.\./shared|papers/\d{3}|paper `?\d{3}", text)})

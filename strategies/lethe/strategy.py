@@ -206,7 +206,7 @@ class Lethe(FedAvg, UnlearningMethod):
                        if not n.startswith(PLUGIN_PREFIX)]
         buffer_names = [k for k in state if k not in param_names and not k.startswith(PLUGIN_PREFIX)]
         gamma, history = cfg["lethe-gamma"], []
-        # a class needs larger steps, a leaving client shorter ones (docs/lethe.md)
+        # a class needs larger steps (docs/lethe.md, "In the app")
         lr, step_clip = scenario_setting(cfg, "lethe-lr"), scenario_setting(cfg, "lethe-step-clip")
         clip_floor = scenario_setting(cfg, "lethe-clip-floor")
         lift_on = scenario_setting(cfg, "lethe-lift-retain")
@@ -566,7 +566,7 @@ class Lethe(FedAvg, UnlearningMethod):
         charged to the phase. Returns ``(state, forget views, retain views)`` of the chosen candidate;
         with ``f > 0`` the ``start`` is put back on ``checkpoints`` (a restore retry goes back to it).
         ``guard["backbone_fraction"]`` is ``f``, ``guard["backbone_search"]`` the ``[f, loss]`` probes,
-        ``guard["backbone_checkpoint_loss"]`` ``start``'s retained loss (docs/lethe.md)."""
+        ``guard["backbone_checkpoint_loss"]`` ``start``'s retained loss (docs/lethe-log.md, "A fractional walk-back")."""
         cfg, fed = ctx.cfg, ctx.fed
         low, high, best = 0.0, 1.0, (start, *views)
         start_loss = guard["backbone_checkpoint_loss"] = _mean_loss(views[1])
@@ -628,7 +628,7 @@ class Lethe(FedAvg, UnlearningMethod):
         against retrain's 0.966). Up to three more passes by default: a second pass can still leave
         the forget set partly known (seed 4, 7 clients alpha 0.1, class: 0.812 after two passes,
         0.000 after three), and a pass only runs where the check before it failed, so a run whose
-        first or second check passes gives the model it gave with one pass allowed (docs/lethe.md,
+        first or second check passes gives the model it gave with one pass allowed (docs/lethe-log.md,
         "Up to three verify passes"). ``method.forget_checks`` holds each check, ``method.passes`` the later
         passes' ``gamma_bounds``, ``rectify_guard`` and ``utility``, ``method.kept_pass`` the kept one."""
         cfg = ctx.cfg

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from types import SimpleNamespace
 
@@ -142,3 +143,22 @@ def test_server_steps_orthogonally_then_post_trains_without_the_movement(monkeyp
     expected = after_unlearning - 0.1 * torch.tensor([0.5, 1.0, 0.0])
     assert torch.allclose(result.model.arrays.to_torch_state_dict()["weight"].view(-1), expected, atol=1e-6)
     assert fed.spent.rounds == 2 and result.details["forget_gradient_norm_first"] == pytest.approx(math.sqrt(3))
+
+
+def test_a_forget_loss_without_gradient_is_said_and_counted(monkeypatch, caplog):
+    """A saturated original gives the leaving client a zero gradient: the unlearning rounds cannot
+    move the model, and the run says so once in the log and counts the rounds in its details."""
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+    model = torch.nn.Linear(3, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    fed = _FixedGradients({0: torch.zeros(1, 3), 1: torch.tensor([[1.0, 0.0, 0.0]]), 2: torch.tensor([[0.0, 2.0, 0.0]])})
+    cfg = parse_config({"method": "fedosd", "scenario": "client", "fedosd-unlearn-rounds": 3, "fedosd-recovery-rounds": 0})
+    ctx = UnlearnContext(fed, cfg, ModelState(ArrayRecord(model.state_dict())), lambda plugins: model, lambda: None)
+    with caplog.at_level(logging.WARNING, logger="fedunlearn"):
+        result = FedOSD().unlearn(ctx)
+    assert result.details["forget_gradient_zero_rounds"] == 3
+    assert torch.equal(result.model.arrays.to_torch_state_dict()["weight"], torch.ones(1, 3))
+    said = [r.getMessage() for r in caplog.records if "no gradient" in r.getMessage()]
+    assert len(said) == 1 and "round 1" in said[0]

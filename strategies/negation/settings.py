@@ -12,6 +12,6 @@ SETTINGS: tuple[Setting, ...] = (
             "features.1, ViT: features.patch_embed)",
             ((lambda v: any(part.strip() for part in v.split(","))),
              "'first' or module names of the task's model (checked against it)")),
-    setting("not-rounds", int, 10, "FedAvg refinement rounds on the retained data after the negation (0 = none)",
+    setting("not-rounds", int, 20, "FedAvg refinement rounds on the retained data after the negation (0 = none)",
             at_least(0)),
 )

@@ -153,8 +153,10 @@ def test_a_forget_loss_without_gradient_is_said_and_counted(monkeypatch, caplog)
     model = torch.nn.Linear(3, 1, bias=False)
     with torch.no_grad():
         model.weight.fill_(1.0)
-    fed = _FixedGradients({0: torch.zeros(1, 3), 1: torch.tensor([[1.0, 0.0, 0.0]]), 2: torch.tensor([[0.0, 2.0, 0.0]])})
-    cfg = parse_config({"method": "fedosd", "scenario": "client", "fedosd-unlearn-rounds": 3, "fedosd-recovery-rounds": 0})
+    fed = _FixedGradients({0: torch.zeros(1, 3), 1: torch.tensor([[1.0, 0.0, 0.0]]),
+                           2: torch.tensor([[0.0, 2.0, 0.0]])})
+    cfg = parse_config({"method": "fedosd", "scenario": "client", "fedosd-unlearn-rounds": 3,
+                        "fedosd-recovery-rounds": 0})
     ctx = UnlearnContext(fed, cfg, ModelState(ArrayRecord(model.state_dict())), lambda plugins: model, lambda: None)
     with caplog.at_level(logging.WARNING, logger="fedunlearn"):
         result = FedOSD().unlearn(ctx)

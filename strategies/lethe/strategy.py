@@ -566,7 +566,8 @@ class Lethe(FedAvg, UnlearningMethod):
         charged to the phase. Returns ``(state, forget views, retain views)`` of the chosen candidate;
         with ``f > 0`` the ``start`` is put back on ``checkpoints`` (a restore retry goes back to it).
         ``guard["backbone_fraction"]`` is ``f``, ``guard["backbone_search"]`` the ``[f, loss]`` probes,
-        ``guard["backbone_checkpoint_loss"]`` ``start``'s retained loss (docs/lethe-log.md, "A fractional walk-back")."""
+        ``guard["backbone_checkpoint_loss"]`` ``start``'s retained loss (docs/lethe-log.md, "A fractional
+        walk-back")."""
         cfg, fed = ctx.cfg, ctx.fed
         low, high, best = 0.0, 1.0, (start, *views)
         start_loss = guard["backbone_checkpoint_loss"] = _mean_loss(views[1])

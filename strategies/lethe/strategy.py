@@ -762,8 +762,8 @@ def _best_restored(judged: list[tuple[dict, State]], guard: dict) -> State:
     is never chosen. ``guard["restore_losses"]`` holds the losses (index 0: the model restore started
     from), ``guard["restore_kept"]`` the chosen index."""
     means = _judged_means(judged)
-    first = min(MIN_RESTORE_STEPS, len(means) - 1)
-    kept = min(range(first, len(means)), key=lambda i: (means[i], -i)) if len(means) > 1 else 0
+    first = min(MIN_RESTORE_STEPS, len(means) - 1)  # 0 where no step was applied: the start is the one model
+    kept = min(range(first, len(means)), key=lambda i: (means[i], -i))
     guard["restore_losses"], guard["restore_kept"] = means, kept
     if kept != len(judged) - 1:
         log.info("[lethe] restore: of the models after restore step %d or later, the one after step %d has the "

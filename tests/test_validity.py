@@ -155,13 +155,14 @@ def test_grid_shapes_parse_and_reject_bad_input():
             grid.parse_shapes(bad)
 
 
-def _fake_results(test_acc, forget_acc, retain_acc, ct_kr, valid=True, diverged=None):
+def _fake_results(test_acc, forget_acc, retain_acc, ct_kr, valid=True, diverged=None, original_test=0.95):
     block = validity(original={"test_acc": 0.95 if valid else 0.08, "forget_acc": 0.9 if valid else 0.0},
                      unlearned={"test_acc": test_acc}, retrain=RETRAIN, num_classes=10, diverged_at_round=diverged)
     resurfacing = {"ct_kr": None if diverged else ct_kr, "rr": None if diverged else 0.0, "kr_retrain": 0.07}
     if diverged:
         resurfacing["diverged_at_round"] = diverged
-    return {"models": {"unlearned": {"test_acc": test_acc, "forget_acc": forget_acc, "retain_acc": retain_acc}},
+    return {"models": {"original": {"test_acc": original_test},
+                       "unlearned": {"test_acc": test_acc, "forget_acc": forget_acc, "retain_acc": retain_acc}},
             "resurfacing": resurfacing, "validity": block}
 
 
@@ -217,11 +218,15 @@ def test_grid_reads_within_on_both_sides_and_keeps_the_one_sided_reading(tmp_pat
     assert by["lethe"]["holds"] is False and by["lethe"]["no_worse"] is True and "MISS above" in by["lethe"]["bar"]
     lines = grid.totals(rows)
     assert "0/1 valid cells" in lines[0] and "not more than 0.03 below it: 1/1" in lines[0]
-    assert "0/1 valid cells" in lines[2] and "retain not more than 0.02 below: 1/1" in lines[2]
+    assert "0/1 valid cells" in lines[-2] and "retain not more than 0.02 below: 1/1" in lines[-2]
+    assert by["lethe"]["d_orig"] == pytest.approx(0.10)  # the original (0.95) is itself 0.10 above retrain
+    assert "more than 0.03 from retrain's test accuracy: 1/1; Lethe's test misses there: 1, elsewhere: 0" in lines[1]
 
-    outcomes["lethe"] = _fake_results(0.80, 0.0, 0.85, 0.0)  # below: misses both readings
+    outcomes["retrain"] = _fake_results(0.85, 0.0, 0.90, 0.0, original_test=0.86)  # an original near retrain
+    outcomes["lethe"] = _fake_results(0.80, 0.0, 0.85, 0.0, original_test=0.86)  # below: misses both readings
     rows += grid.run_cell(12, 7, 0.1, "class", ["retrain", "lethe"], {})
     assert rows[-1]["holds"] is False and rows[-1]["no_worse"] is False and "MISS below" in rows[-1]["bar"]
+    assert "from retrain's test accuracy: 1/2; Lethe's test misses there: 1, elsewhere: 1" in grid.totals(rows)[1]
     grid.write_outputs(str(tmp_path / "grid"), rows)
     again = grid.rejudge([str(tmp_path / "grid.csv")], {})
     assert [(r["method"], r["holds"], r["no_worse"] if "no_worse" in r else None) for r in again] == \

@@ -3,7 +3,7 @@ layer by default; the number of refinement rounds is this app's choice (``docs/n
 
 from __future__ import annotations
 
-from tasks.config import Setting, at_least, setting
+from tasks.config import Setting, at_least, finite, setting
 
 SETTINGS: tuple[Setting, ...] = (
     setting("not-layers", str, "first",
@@ -14,4 +14,5 @@ SETTINGS: tuple[Setting, ...] = (
              "'first' or module names of the task's model (checked against it)")),
     setting("not-rounds", int, 20, "FedAvg refinement rounds on the retained data after the negation (0 = none)",
             at_least(0)),
+    setting("not-lr", float, 0.0, "client lr of the refinement rounds (0 = the run's lr)", finite(0, True)),
 )

@@ -5,7 +5,8 @@
    forget data is used.
 2. ``not-rounds`` FedAvg rounds on the retained data refine it (role ``retain``: in the client
    scenario the leaving client holds no retained data and takes no part, as in the paper; in the
-   class and sample scenarios every client trains on what it keeps), with the run's local settings.
+   class and sample scenarios every client trains on what it keeps), with the run's local settings
+   except the lr, which ``not-lr`` may set apart (0: the run's ``lr``).
 
 No official code is known; every choice is written in ``docs/not.md``. Not reversible.
 """
@@ -28,9 +29,10 @@ class NoT(UnlearningMethod):
         cfg, fed = ctx.cfg, ctx.fed
         keys = parameter_keys(ctx.model_factory(ctx.original.plugins), cfg["not-layers"])
         arrays = ArrayRecord(negate(ctx.original.arrays.to_torch_state_dict(), keys))
+        lr = cfg["not-lr"] or cfg["lr"]
         strategy = RoleFedAvg(fed, "retain", fraction_train=cfg["fraction-train"], seed=cfg["seed"] + 5)
         arrays = run_rounds(fed, strategy, arrays, rounds=cfg["not-rounds"],
-                            config=ConfigRecord({"epochs": cfg["local-epochs"], "lr": cfg["lr"]}),
+                            config=ConfigRecord({"epochs": cfg["local-epochs"], "lr": lr}),
                             label="not refinement", method=self.name)
         return UnlearnResult(ModelState(arrays, ctx.original.plugins),
-                             {"negated": keys, "refinement_rounds": cfg["not-rounds"]})
+                             {"negated": keys, "refinement_rounds": cfg["not-rounds"], "refinement_lr": lr})

@@ -577,17 +577,21 @@ def test_a_later_pass_that_broke_utility_is_never_kept(pass2_loss, kept):
     assert weight == float(kept) and details["kept_pass"] == kept
     assert len(lethe.starts) == 2  # a broken pass ends the passes, though more were allowed
     assert len(details["forget_checks"]) == (1 if kept == 1 else 2)
+    assert details["kept_still_knows"] is (kept == 1)  # pass 1 still predicts 0.86 of the forget set
 
 
 def test_a_first_pass_that_forgot_is_kept_and_checked_once():
     weight, details, lethe = verified([counts(2)])  # 0.02: at lethe-verify-forget-acc, not above it
     assert weight == 1.0 and details["kept_pass"] == 1 and len(details["forget_checks"]) == 1
+    assert details["kept_still_knows"] is False
     assert "passes" not in details
 
 
-def test_when_every_pass_still_knows_the_one_that_knows_least_is_kept():
-    weight, details, _ = verified([counts(20), counts(30)], **{"lethe-verify-passes": 1})
-    assert weight == 1.0 and details["kept_pass"] == 1
+def test_when_every_pass_still_knows_the_one_that_knows_least_is_kept(caplog):
+    with caplog.at_level("WARNING", logger="fedunlearn"):
+        weight, details, _ = verified([counts(20), counts(30)], **{"lethe-verify-passes": 1})
+    assert weight == 1.0 and details["kept_pass"] == 1 and details["kept_still_knows"] is True
+    assert "the kept model (pass 1) still predicts 0.200 of the forget set" in caplog.text
     weight, details, lethe = verified([counts(30), counts(20), counts(25)], **{"lethe-verify-passes": 2})
     assert weight == 2.0 and lethe.starts == [0.0, 1.0, 2.0] and len(details["forget_checks"]) == 3
 

@@ -235,10 +235,11 @@ def totals(rows: list[dict]) -> list[str]:
         lines.append(f"Lethe test_acc within {LETHE_TEST_TOL} of retrain: {test_ok}/{len(lethe)} valid cells "
                      f"({'holds' if test_ok == len(lethe) else 'MISSED'}, bar: every cell); "
                      f"not more than {LETHE_TEST_TOL} below it: {_count_no_worse(lethe)}/{len(lethe)}")
-        far = [r for r in lethe if r.get("d_orig") is not None and abs(r["d_orig"]) > LETHE_TEST_TOL]
+        far = [r.get("d_orig") is not None and abs(r["d_orig"]) > LETHE_TEST_TOL for r in lethe]
+        missed = [not r["holds"] for r in lethe]
         lines.append(f"valid cells whose original is itself more than {LETHE_TEST_TOL} from retrain's test accuracy: "
-                     f"{len(far)}/{len(lethe)}; Lethe's test misses there: {sum(1 for r in far if not r['holds'])}, "
-                     f"elsewhere: {sum(1 for r in lethe if r not in far and not r['holds'])}")
+                     f"{sum(far)}/{len(lethe)}; Lethe's test misses there: {sum(f and m for f, m in zip(far, missed))}, "
+                     f"elsewhere: {sum(m and not f for f, m in zip(far, missed))}")
         lines.append(f"Lethe U-KR and CT-KR within {LETHE_KR_TOL} of retrain: {kr_ok}/{len(lethe)} valid cells "
                      f"({'holds' if kr_ok >= LETHE_KR_SHARE * len(lethe) else 'MISSED'}, bar: "
                      f">= {LETHE_KR_SHARE:.0%})")

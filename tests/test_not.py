@@ -81,7 +81,7 @@ def test_refinement_rounds_train_at_not_lr_or_the_runs_lr(monkeypatch, not_lr, s
     monkeypatch.setattr(strategy, "run_rounds", fake_rounds)
     cfg = parse_config({"method": "not", "scenario": "class", "lr": 0.05, "not-lr": not_lr})
     original = ModelState(ArrayRecord(task.build_model([], seed=0).state_dict()), [])
-    ctx = UnlearnContext(fed=None, cfg=cfg, original=original, model_factory=lambda plugins: task.build_model(plugins, seed=0),
-                         retrain=lambda: None)
+    ctx = UnlearnContext(fed=None, cfg=cfg, original=original,
+                         model_factory=lambda plugins: task.build_model(plugins, seed=0), retrain=lambda: None)
     strategy.NoT().unlearn(ctx)
     assert seen["config"]["lr"] == pytest.approx(sent) and seen["rounds"] == cfg["not-rounds"]

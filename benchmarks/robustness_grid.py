@@ -279,9 +279,8 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
     rows = list(latest.values())
     cells: dict[tuple, list[dict]] = {}
     for row in rows:
-        for key in ("test_acc", "d_test", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc"):
-            row[key] = _parse(row[key])
-        row["d_orig"] = _parse(row.get("d_orig"))  # absent from CSVs written before the column
+        for key in ("test_acc", "d_test", "d_orig", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc"):
+            row[key] = _parse(row.get(key))  # d_orig is absent from CSVs written before the column
         if not row.get("error"):
             row.pop("error", None)
         flags = set(filter(None, row["validity"].split(";")))

@@ -22,6 +22,15 @@ table never mixes the two readings. ``d_orig`` (the cell's original test accurac
 says where every method starts: the totals count the valid cells where the original itself lies
 outside Lethe's test tolerance, and Lethe's misses in and out of them.
 
+``--retrain-draws K`` (K >= 2) measures how far the reference itself moves: each cell also runs the
+retrain oracle K - 1 more times from other initial weights (``init-seed``; same data, partition and
+request), as rows ``retrain@init<S>``, and judges each draw by Lethe's bars against the grid's
+retrain. The totals count how often exact unlearning, drawn again, meets them (and, in class cells,
+FedUP's retain tolerance), and how often the draw's own original stays within Lethe's test tolerance
+of the grid's original: a bar that retrain itself misses in a cell is met or missed there by the
+draw, not by the method. A last line reads Lethe against the band the draws span (within the test
+tolerance of the grid's retrain or of any draw); it is a reading beside the bar, not the bar.
+
 The report seeds default to 11-15: no default of this project was chosen on them (those were
 chosen on 42 and 1-4). The Markdown table goes to stdout as cells finish; ``--out`` receives
 ``<out>.csv`` and ``<out>.json``, rewritten after every cell, so a partial run is usable.
@@ -55,6 +64,7 @@ from tasks.validity import ORIGINAL_CHECKS  # noqa: E402
 LETHE_TEST_TOL, LETHE_KR_TOL, LETHE_KR_SHARE = 0.03, 0.05, 0.8
 FEDUP_FORGET_MAX, FEDUP_RETAIN_TOL = 0.02, 0.02
 HELD_SHARE = 0.8
+DRAW = "retrain@init"  # method label prefix of a retrain draw from other initial weights
 COLUMNS = ("seed", "clients", "alpha", "scenario", "method", "validity", "test_acc", "d_test", "d_orig", "u_kr", "ct_kr",
            "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse", "leaving_holds", "error")
 
@@ -108,10 +118,16 @@ def summarise(results: dict) -> dict:
             "kr_retrain": _num(res.get("kr_retrain"))}
 
 
+def draw_seed(seed: int, draw: int) -> int:
+    """``init-seed`` of the cell's retrain draw number ``draw`` (1, 2, ...)."""
+    return (seed + 1000 * draw) % 2**32
+
+
 def judge(method: str, scenario: str, row: dict, ref: dict | None) -> tuple[str, bool | None]:
     """``(bar, holds)`` of one method in one valid cell (``holds`` None: no bar, or not measurable).
 
-    Lethe's KR items are judged per cell here and counted against the 80 % share at the end."""
+    Lethe's KR items are judged per cell here and counted against the 80 % share at the end; a
+    retrain draw is judged by Lethe's bars."""
     if ref is None or method == "retrain":
         return ("reference" if method == "retrain" else "no retrain reference"), None
     mine = {k: _num(row.get(k)) for k in ("test_acc", "u_kr", "ct_kr", "forget_acc", "retain_acc")}
@@ -129,11 +145,11 @@ def judge(method: str, scenario: str, row: dict, ref: dict | None) -> tuple[str,
         row["no_worse"] = mine[key] >= theirs[key] - tol
         return "ok" if near(key, tol) else ("above" if mine[key] > theirs[key] else "below")
 
-    if method == "lethe":
+    if method == "lethe" or method.startswith(DRAW):
         test = utility("test_acc", LETHE_TEST_TOL)
-        row["lethe_kr_ok"] = near("u_kr", LETHE_KR_TOL) and near("ct_kr", LETHE_KR_TOL)
+        row["kr_ok"] = near("u_kr", LETHE_KR_TOL) and near("ct_kr", LETHE_KR_TOL)
         return (f"test+-{LETHE_TEST_TOL}:{test if test == 'ok' else 'MISS ' + test} "
-                f"U/CT-KR+-{LETHE_KR_TOL}:{'ok' if row['lethe_kr_ok'] else 'miss'}"), test == "ok"
+                f"U/CT-KR+-{LETHE_KR_TOL}:{'ok' if row['kr_ok'] else 'miss'}"), test == "ok"
     if method == "fedup" and scenario == "class":
         forgets = mine["forget_acc"] is not None and mine["forget_acc"] <= FEDUP_FORGET_MAX
         retain = utility("retain_acc", FEDUP_RETAIN_TOL)
@@ -175,17 +191,23 @@ def _set_d_test(row: dict, ref: dict | None) -> None:
         row["d_orig"] = row["orig_test"] - ref["test_acc"]
 
 
-def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list[str], shared: dict) -> list[dict]:
-    """Every method of one cell; rows carry the validity flags of the cell's original."""
+def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list[str], shared: dict,
+             retrain_draws: int = 1) -> list[dict]:
+    """Every method of one cell, then the retrain draws after the first (``retrain_draws``, when
+    retrain runs); rows carry the validity flags of the cell's original."""
     base = {**shared, "seed": seed, "dirichlet-alpha": alpha, "scenario": scenario}
     if scenario == "client":
         base["poison"] = "backdoor"
+    runs = [(method, {"method": method}) for method in methods]
+    if "retrain" in methods:
+        runs += [(f"{DRAW}{draw_seed(seed, d)}", {"method": "retrain", "init-seed": draw_seed(seed, d)})
+                 for d in range(1, retrain_draws)]
     rows, validity, ref = [], None, None
-    for method in methods:
+    for method, overrides in runs:
         row = {"seed": seed, "clients": clients, "alpha": alpha, "scenario": scenario, "method": method}
         started = time.perf_counter()
         try:
-            folder = run_inprocess({**base, "method": method}, clients)
+            folder = run_inprocess({**base, **overrides}, clients)
             with open(os.path.join(folder, "results.json"), encoding="utf-8") as handle:
                 results = json.load(handle)
             row.update(summarise(results), folder=folder)
@@ -203,7 +225,9 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
         row["leaving_holds"] = held
         own = row.get("validity_failed", [])
         cell_flags = [f for f in (validity or {}).get("failed", []) if f in ORIGINAL_CHECKS]
-        flags = sorted(set(cell_flags) | {f for f in own if f not in ORIGINAL_CHECKS})
+        # a draw's own original and oracle are its own: their failed checks are shown as "draw:<check>"
+        flags = sorted(set(cell_flags) | {f for f in own if f not in ORIGINAL_CHECKS}
+                       | {f"draw:{f}" for f in own if f in ORIGINAL_CHECKS and row["method"].startswith(DRAW)})
         row["validity"] = ";".join(flags) if flags else ("ok" if validity else "unknown")
         row["cell_valid"] = valid
         if row.get("diverged_at_round") is not None:
@@ -211,7 +235,7 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
             row["rr"] = None
         if "error" in row:
             row["bar"], row["holds"] = "error", False
-        elif not valid:
+        elif not valid or any(f.startswith("draw:") for f in flags):
             row["bar"], row["holds"] = "flagged (original invalid)", None
             for key in ("test_acc", "orig_test", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc"):
                 row[f"{key}_raw"], row[key] = row.get(key), None
@@ -231,7 +255,7 @@ def totals(rows: list[dict]) -> list[str]:
     lethe = [r for r in rows if r["method"] == "lethe" and r.get("cell_valid") and "error" not in r]
     if lethe:
         test_ok = sum(1 for r in lethe if r["holds"])
-        kr_ok = sum(1 for r in lethe if r.get("lethe_kr_ok"))
+        kr_ok = sum(1 for r in lethe if r.get("kr_ok"))
         lines.append(f"Lethe test_acc within {LETHE_TEST_TOL} of retrain: {test_ok}/{len(lethe)} valid cells "
                      f"({'holds' if test_ok == len(lethe) else 'MISSED'}, bar: every cell); "
                      f"not more than {LETHE_TEST_TOL} below it: {_count_no_worse(lethe)}/{len(lethe)}")
@@ -250,10 +274,48 @@ def totals(rows: list[dict]) -> list[str]:
         lines.append(f"FedUP class forget <= {FEDUP_FORGET_MAX}, retain within {FEDUP_RETAIN_TOL}: {ok}/{len(fedup)} "
                      f"valid cells ({'holds' if ok == len(fedup) else 'MISSED'}, bar: every cell); "
                      f"retain not more than {FEDUP_RETAIN_TOL} below: {_count_no_worse(fedup)}/{len(fedup)}")
+    lines += _draw_totals(rows)
     errors = [r for r in rows if "error" in r]
     flagged = {(r["seed"], r["clients"], r["alpha"], r["scenario"]) for r in rows if not r.get("cell_valid")}
     lines.append(f"runs that failed: {len(errors)}; cells flagged (original invalid): {len(flagged)}")
     return lines
+
+
+def _cell(row: dict) -> tuple:
+    return tuple(str(row[k]) for k in ("seed", "clients", "alpha", "scenario"))
+
+
+def _draw_totals(rows: list[dict]) -> list[str]:
+    """The retrain draws judged by Lethe's bars (``--retrain-draws``), and their originals against the
+    grid's: how often the reference, drawn again, meets the bars a method is held to."""
+    draws = [r for r in rows if r["method"].startswith(DRAW) and r.get("holds") is not None]
+    if not draws:
+        return []
+    start = {_cell(r): r.get("d_orig") for r in rows if r["method"] == "retrain"}
+    retain = {_cell(r): _num(r.get("retain_acc")) for r in rows if r["method"] == "retrain"}
+    classes = [r for r in draws if r["scenario"] == "class"]
+    retain_near = sum(1 for r in classes if _num(r.get("retain_acc")) is not None and retain.get(_cell(r)) is not None
+                      and abs(r["retain_acc"] - retain[_cell(r)]) <= FEDUP_RETAIN_TOL)
+    near_start = [r.get("d_orig") is not None and start.get(_cell(r)) is not None
+                  and abs(r["d_orig"] - start[_cell(r)]) <= LETHE_TEST_TOL for r in draws]
+    n = len(draws)
+    band: dict[tuple, list[float]] = {}
+    for r in rows:
+        if (r["method"] == "retrain" or r in draws) and _num(r.get("test_acc")) is not None:
+            band.setdefault(_cell(r), []).append(r["test_acc"])
+    lethe = [r for r in rows if r["method"] == "lethe" and r.get("holds") is not None
+             and len(band.get(_cell(r), [])) > 1 and _num(r.get("test_acc")) is not None]
+    inside = sum(1 for r in lethe if min(band[_cell(r)]) - LETHE_TEST_TOL <= r["test_acc"]
+                 <= max(band[_cell(r)]) + LETHE_TEST_TOL)
+    band_line = [f"Lethe test_acc within {LETHE_TEST_TOL} of the grid's retrain or of a retrain draw: "
+                 f"{inside}/{len(lethe)} valid cells with a draw"] if lethe else []
+    return [f"retrain drawn again from other initial weights, judged by Lethe's bars: test within {LETHE_TEST_TOL} "
+            f"of the grid's retrain in {sum(1 for r in draws if r['holds'])}/{n} draws (not more than "
+            f"{LETHE_TEST_TOL} below: {_count_no_worse(draws)}/{n}); U-KR and CT-KR within {LETHE_KR_TOL}: "
+            f"{sum(1 for r in draws if r.get('kr_ok'))}/{n}; the draw's original within {LETHE_TEST_TOL} of "
+            f"the grid's original: {sum(near_start)}/{n}"
+            + (f"; class cells, retain within {FEDUP_RETAIN_TOL} (FedUP's bar): {retain_near}/{len(classes)}"
+               if classes else "")] + band_line
 
 
 def _parse(text: str) -> float | None:
@@ -285,6 +347,7 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
             row.pop("error", None)
         flags = set(filter(None, row["validity"].split(";")))
         row["cell_valid"] = row["validity"] != "unknown" and not flags & set(ORIGINAL_CHECKS)
+        row["draw_flagged"] = any(f.startswith("draw:") for f in flags)
         cells.setdefault((row["seed"], row["clients"], row["alpha"], row["scenario"]), []).append(row)
     for (seed, clients, alpha, scenario), cell in cells.items():
         ref = next((r for r in cell if r["method"] == "retrain" and "error" not in r), None)
@@ -295,7 +358,7 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
             row.pop("no_worse", None)
             if "error" in row:
                 row["holds"] = False
-            elif row["cell_valid"]:
+            elif row["cell_valid"] and not row["draw_flagged"]:
                 row["bar"], row["holds"] = judge(row["method"], row["scenario"], row, ref)
             _set_d_test(row, ref)
     return rows
@@ -322,9 +385,15 @@ def main() -> None:
                         help="shared overrides, as for flwr run --run-config (default: continue-rounds=20)")
     parser.add_argument("--out", default="", help="prefix of the CSV/JSON files (default: <work>/grid)")
     parser.add_argument("--work", default="", help="folder for cache and run outputs (default: a new temp folder)")
+    parser.add_argument("--retrain-draws", type=int, default=1,
+                        help="retrain runs per cell, each from other initial weights (init-seed); >= 2 judges "
+                        "the draws after the first by Lethe's bars against the first")
     parser.add_argument("--rejudge", default="", help="comma-separated grid CSVs (from --out) to judge again "
                         "by the bars above, without running anything")
     args = parser.parse_args()
+    if args.retrain_draws < 1 or (args.retrain_draws > 1 and "retrain" not in args.methods.split(",")):
+        raise SystemExit(f"--retrain-draws: {args.retrain_draws} is not allowed: it must be >= 1, and above 1 "
+                         "only with retrain among --methods (the draws are judged against it)")
     if args.rejudge:
         rows = rejudge(args.rejudge.split(","), parse_overrides(args.run_config))
         print(_header())
@@ -347,7 +416,7 @@ def main() -> None:
     for seed in seeds:  # seeds outermost: a partial run still covers every shape and scenario
         for clients, alpha in shapes:
             for scenario in scenarios:
-                for row in run_cell(seed, clients, alpha, scenario, methods, shared):
+                for row in run_cell(seed, clients, alpha, scenario, methods, shared, args.retrain_draws):
                     rows.append(row)
                     print(_markdown(row), flush=True)
                 write_outputs(out, rows)

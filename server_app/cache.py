@@ -54,9 +54,11 @@ def model_key(kind: str, cfg: Config, federation: list[dict], data: str) -> dict
     keys = TRAINING_KEYS + REQUEST_KEYS[cfg["scenario"]]
     if cfg["scenario"] == "client" and cfg["poison"] == "label-flip":
         keys = tuple(k for k in keys if k not in ("backdoor-target", "trigger-size"))
-    scheduled = {"lr-schedule": cfg["lr-schedule"]} if cfg["lr-schedule"] != "constant" else {}  # old keys stay valid
+    # settings added after the cache: in the key only away from their default, so old keys stay valid
+    scheduled = {"lr-schedule": cfg["lr-schedule"]} if cfg["lr-schedule"] != "constant" else {}
+    drawn = {"init-seed": cfg.init_seed} if cfg.init_seed != cfg["seed"] else {}
     return {"kind": kind, "version": CACHE_VERSION, "num-clients": len(federation), "rounds": rounds,
-            "data": data, "federation": federation, **{k: cfg[k] for k in keys}, **scheduled}
+            "data": data, "federation": federation, **{k: cfg[k] for k in keys}, **scheduled, **drawn}
 
 
 def cache_dir(cfg: Config) -> str:

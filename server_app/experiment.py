@@ -120,7 +120,8 @@ class Experiment:
                           measure_received=measure_received, round_lr=round_lr)
 
     def fresh_model(self) -> ArrayRecord:
-        return ArrayRecord(self.cfg.task.server_model(self.cfg, []).state_dict())
+        """The starting weights of the original and the retrain oracle, seeded by ``init-seed``."""
+        return ArrayRecord(self.cfg.task.server_model(self.cfg, [], seed=self.cfg.init_seed).state_dict())
 
     def cached_fedavg(self, kind: str, role: str, rounds: int) -> ModelState:
         """Original (role all) or retrain (role retain) model: from the cache, else trained and stored.

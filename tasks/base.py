@@ -67,8 +67,9 @@ class Task:
         """Task settings that determine the cached original/retrain models, beyond the shared ones."""
         return {}
 
-    def server_model(self, cfg: Config, plugins: list[dict]):
-        """A fresh model of the run as the server handles it (``state_dict`` / ``named_parameters``)."""
+    def server_model(self, cfg: Config, plugins: list[dict], seed: int | None = None):
+        """A fresh model of the run as the server handles it (``state_dict`` / ``named_parameters``);
+        ``seed`` seeds its fresh weights (None: the run's ``seed``)."""
         raise NotImplementedError
 
     def pool_metrics(self, cfg: Config, per_client: list[dict]) -> dict:

@@ -138,6 +138,10 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
     setting("trigger-size", int, 8, "side in pixels of the white bottom-right trigger square", positive()),
     setting("seed", int, 42, "seed of every random choice: partitions, requests, init, sampling",
        ((lambda v: 0 <= v < 2**32), "in 0..4294967295")),  # numpy needs >= 0; torch overflows past 64 bits
+    setting("init-seed", int, -1,
+       "seed of the initial weights of the original and the retrain oracle; -1 = seed. Another value draws "
+       "other models from the same data, partition and request (vision and text tasks)",
+       ((lambda v: -1 <= v < 2**32), "-1 or in 0..4294967295")),
     # federation and training
     setting("dirichlet-alpha", float, 0.5, "Dirichlet concentration of the non-IID label split", positive()),
     setting("test-fraction", float, 0.2, "share of each client's partition kept as its local test split",
@@ -248,6 +252,11 @@ class Config:
     @property
     def rounds_of_retrain(self) -> int:
         return self["retrain-rounds"] or self["pretrain-rounds"]
+
+    @property
+    def init_seed(self) -> int:
+        """Seed of the original's and the retrain oracle's initial weights: ``init-seed``, else ``seed``."""
+        return self["seed"] if self["init-seed"] < 0 else self["init-seed"]
 
 
 def _coerce(setting: Setting, value: Any) -> Any:

@@ -55,6 +55,7 @@ def test_readme_tables_are_the_registered_ones():
     ("lethe-gamma", 0.0, "> 0"),
     ("lethe-adapter-steps", -1, ">= 0"),
     ("lethe-rectify-rounds", -2, ">= 0"),
+    ("init-seed", -2, "-1 or in 0..4294967295"),
 ])
 def test_bad_value_names_key_and_allowed(key, value, fragment):
     with pytest.raises(ConfigError) as err:
@@ -79,6 +80,12 @@ def test_an_lr_schedule_is_refused_where_it_would_not_be_followed():
             parse_config({**overrides, "lr-schedule": "cosine"})
         assert "'lr-schedule'='cosine'" in str(err.value) and fragment in str(err.value)
     assert parse_config({"method": "fedup", "lr-schedule": "cosine"})["lr-schedule"] == "cosine"
+
+
+def test_init_seed_is_refused_by_the_llm_task_which_starts_from_a_pretrained_model():
+    with pytest.raises(ConfigError, match="'init-seed'=3 applies to vision and text"):
+        parse_config({"task": "llm-tofu", "method": "ga", "scenario": "client", "init-seed": 3})
+    assert parse_config({"init-seed": 3}).init_seed == 3 and parse_config({"seed": 5}).init_seed == 5
 
 
 def test_a_gradient_clip_is_refused_by_the_llm_task_which_would_not_apply_it():

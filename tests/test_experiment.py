@@ -274,3 +274,25 @@ def test_a_cosine_lr_schedule_steps_down_over_the_rounds_that_build_the_original
     assert [s for s in sent if s[0] in ("pretrain", "retrain")] == [
         ("pretrain", 1, lr), ("pretrain", 2, pytest.approx(lr / 2)), ("retrain", 1, lr), ("retrain", 2, pytest.approx(lr / 2))]
     assert [s[2] for s in sent if s[0] == "continue"] == [lr] * TINY["continue-rounds"]
+
+
+def test_init_seed_draws_other_models_from_the_same_data_and_request(tmp_path):
+    """``init-seed`` changes only the starting weights: the same clients, counts and forget data, other
+    original and retrain models, cached apart; ``init-seed`` equal to ``seed`` is the default run."""
+    from server_app import cache
+    from tasks.config import parse_config
+
+    default, _, _ = run(tmp_path, method="retrain", scenario="class")
+    drawn, _, _ = run(tmp_path, method="retrain", scenario="class", **{"init-seed": 7})
+    same, _, grid = run(tmp_path, method="retrain", scenario="class", **{"init-seed": 42})
+    assert drawn["run"]["forget_clients"] == default["run"]["forget_clients"]
+    assert drawn["run"]["config"]["init-seed"] == 7
+    for model in ("original", "unlearned"):
+        assert drawn["models"][model]["test_acc"] != default["models"][model]["test_acc"] or \
+            drawn["models"][model]["retain_acc"] != default["models"][model]["retain_acc"]
+        assert same["models"][model] == default["models"][model]
+    assert same["cost"]["pretrain"]["rounds"] == 0  # seed 42's own models, from the cache
+    cfg = parse_config({**TINY, "init-seed": 7})
+    assert cache.model_key("original", cfg, [], "d") != cache.model_key("original", parse_config(TINY), [], "d")
+    assert cache.model_key("original", parse_config({**TINY, "init-seed": 42}), [], "d") == \
+        cache.model_key("original", parse_config(TINY), [], "d")

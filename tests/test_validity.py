@@ -185,7 +185,7 @@ def test_grid_cell_judges_bars_flags_invalid_originals_and_survives_a_crash(tmp_
     rows = {r["method"]: r for r in grid.run_cell(11, 7, 0.1, "class", ["retrain", "fedup", "lethe"], {})}
     assert rows["fedup"]["holds"] is True
     assert rows["lethe"]["holds"] is False and rows["lethe"]["ct_kr"] == "diverged@4" and rows["lethe"]["rr"] is None
-    assert "continued_finite" in rows["lethe"]["validity"] and rows["lethe"]["lethe_kr_ok"] is False
+    assert "continued_finite" in rows["lethe"]["validity"] and rows["lethe"]["kr_ok"] is False
 
     outcomes.update(retrain=_fake_results(0.95, 0.0, 0.99, 0.0, valid=False), fedup=RuntimeError("boom\nsecond line"),
                     lethe=_fake_results(0.95, 0.0, 0.99, 0.0, valid=False))
@@ -232,6 +232,43 @@ def test_grid_reads_within_on_both_sides_and_keeps_the_one_sided_reading(tmp_pat
     assert [(r["method"], r["holds"], r["no_worse"] if "no_worse" in r else None) for r in again] == \
         [(r["method"], r["holds"], r.get("no_worse")) for r in rows]
     assert grid.totals(again) == grid.totals(rows)
+
+
+def test_grid_judges_retrain_draws_by_lethes_bars_against_the_first_retrain(tmp_path, monkeypatch):
+    """``--retrain-draws``: the later draws run retrain with their own ``init-seed`` and are judged by
+    Lethe's bars; a draw whose own original fails validity is flagged, not counted; saved rows judged
+    again count the same."""
+    grid = _grid_module()
+    calls = []
+    draws = {1011: _fake_results(0.90, 0.0, 0.95, 0.0, original_test=0.97),  # 0.05 below: misses, original near
+             2011: _fake_results(0.94, 0.0, 0.98, 0.0, original_test=0.90),  # within; its original 0.05 off
+             3011: _fake_results(0.94, 0.0, 0.98, 0.0, valid=False)}
+
+    def fake_run(config, clients):
+        calls.append((config["method"], config.get("init-seed")))
+        outcome = draws[config["init-seed"]] if "init-seed" in config else \
+            _fake_results(0.91 if config["method"] == "lethe" else 0.95, 0.0, 0.99, 0.0)
+        folder = tmp_path / f"{config['method']}-{config.get('init-seed')}"
+        folder.mkdir(exist_ok=True)
+        (folder / "results.json").write_text(json.dumps(outcome))
+        return str(folder)
+
+    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+    rows = grid.run_cell(11, 7, 0.1, "class", ["retrain", "lethe"], {}, retrain_draws=4)
+    assert calls == [("retrain", None), ("lethe", None), ("retrain", 1011), ("retrain", 2011), ("retrain", 3011)]
+    by = {r["method"]: r for r in rows}
+    assert by["retrain@init1011"]["holds"] is False and "MISS below" in by["retrain@init1011"]["bar"]
+    assert by["retrain@init2011"]["holds"] is True and by["retrain@init2011"]["kr_ok"] is True
+    assert by["retrain@init3011"]["holds"] is None and "draw:original_usable" in by["retrain@init3011"]["validity"]
+    line, band = grid.totals(rows)[-3:-1]
+    assert "test within 0.03 of the grid's retrain in 1/2 draws (not more than 0.03 below: 1/2)" in line
+    assert "U-KR and CT-KR within 0.05: 2/2; the draw's original within 0.03 of the grid's original: 1/2" in line
+    assert line.endswith("class cells, retain within 0.02 (FedUP's bar): 1/2")  # 0.95 and 0.98 against 0.99
+    assert by["lethe"]["holds"] is False  # 0.04 below the grid's retrain, but within 0.03 of draw 1011's 0.90
+    assert band == "Lethe test_acc within 0.03 of the grid's retrain or of a retrain draw: 1/1 valid cells with a draw"
+    assert grid.totals(rows)[-1].endswith("cells flagged (original invalid): 0")
+    grid.write_outputs(str(tmp_path / "grid"), rows)
+    assert grid.totals(grid.rejudge([str(tmp_path / "grid.csv")], {})) == grid.totals(rows)
 
 
 def test_grid_names_the_classes_the_leaving_client_holds():

@@ -19,8 +19,9 @@ from tasks.config import Config, ConfigError, settings_by_key
 MODEL_KEYS = ("llm-model", "llm-data-dir", "llm-num-authors", "llm-qa-per-author", "llm-forget-fraction",
               "llm-lora-rank", "llm-lora-alpha", "llm-target-modules", "llm-load-in-4bit",
               "llm-local-epochs", "llm-lr", "llm-batch-size")
-# Local-training settings this task's adapter training (AdamW on llm-lr, no clip) does not follow.
-VISION_AND_TEXT_ONLY = ("lr-schedule", "max-grad-norm")
+# Settings this task does not follow: its adapter training (AdamW on llm-lr, no clip) and its start (a
+# pretrained model with a fixed adapter initialisation, not a seeded fresh model).
+VISION_AND_TEXT_ONLY = ("lr-schedule", "max-grad-norm", "init-seed")
 
 
 class LLMTask(Task):
@@ -60,7 +61,7 @@ class LLMTask(Task):
     def cache_key(self, cfg: Config) -> dict:
         return {k: cfg[k] for k in MODEL_KEYS}
 
-    def server_model(self, cfg: Config, plugins: list[dict]):
+    def server_model(self, cfg: Config, plugins: list[dict], seed: int | None = None):  # init-seed refused above
         from tasks.llm.federation_model import server_adapter_model
 
         if plugins:

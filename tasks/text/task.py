@@ -64,13 +64,14 @@ class TextTask(VisionTask):
         return _pool(self.source, data_dir(cfg["data-dir"]), cfg["text-synthetic-per-class"],
                      cfg["text-max-samples"], cfg["seed"])
 
-    def build_text_model(self, cfg: Config, plugins: list[dict]):
+    def build_text_model(self, cfg: Config, plugins: list[dict], seed: int | None = None):
         from tasks.plugins import attach_plugins
         from tasks.text.encoder import build_text_model
 
+        seed = cfg["seed"] if seed is None else seed
         _, encoder = self.encoder(cfg)
-        model = build_text_model(encoder, cfg["text-train-layers"], self.num_classes, cfg["seed"])
-        return attach_plugins(model, plugins or [], seed=cfg["seed"])
+        model = build_text_model(encoder, cfg["text-train-layers"], self.num_classes, seed)
+        return attach_plugins(model, plugins or [], seed=seed)
 
     # --- setup and server side ------------------------------------------------------------
     def check_config(self, cfg: Config) -> None:
@@ -112,8 +113,8 @@ class TextTask(VisionTask):
 
         return {**{k: cfg[k] for k in TEXT_KEYS}, "encoder-path": encoder_path(self.encoder_name(cfg))}
 
-    def server_model(self, cfg: Config, plugins: list[dict]):
-        return self.build_text_model(cfg, plugins)
+    def server_model(self, cfg: Config, plugins: list[dict], seed: int | None = None):
+        return self.build_text_model(cfg, plugins, seed)
 
     # --- client side ----------------------------------------------------------------------
     def client_view(self, cfg: Config, node: dict):

@@ -87,8 +87,8 @@ class VisionTask(Task):
         except PartitionError as err:
             raise ConfigError(f"run-config {err}") from None
 
-    def server_model(self, cfg: Config, plugins: list[dict]) -> SplitModel:
-        return self.build_model(plugins, seed=cfg["seed"])
+    def server_model(self, cfg: Config, plugins: list[dict], seed: int | None = None) -> SplitModel:
+        return self.build_model(plugins, seed=cfg["seed"] if seed is None else seed)
 
     def pool_metrics(self, cfg: Config, per_client: list[dict]) -> dict:
         from tasks.metrics import pool_metrics

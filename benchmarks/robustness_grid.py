@@ -276,7 +276,7 @@ def totals(rows: list[dict]) -> list[str]:
                      f"retain not more than {FEDUP_RETAIN_TOL} below: {_count_no_worse(fedup)}/{len(fedup)}")
     lines += _draw_totals(rows)
     errors = [r for r in rows if "error" in r]
-    flagged = {(r["seed"], r["clients"], r["alpha"], r["scenario"]) for r in rows if not r.get("cell_valid")}
+    flagged = {_cell(r) for r in rows if not r.get("cell_valid")}
     lines.append(f"runs that failed: {len(errors)}; cells flagged (original invalid): {len(flagged)}")
     return lines
 
@@ -287,35 +287,38 @@ def _cell(row: dict) -> tuple:
 
 def _draw_totals(rows: list[dict]) -> list[str]:
     """The retrain draws judged by Lethe's bars (``--retrain-draws``), and their originals against the
-    grid's: how often the reference, drawn again, meets the bars a method is held to."""
+    grid's: how often the reference, drawn again, meets the bars a method is held to; then Lethe read
+    against the band the grid's retrain and its draws span."""
     draws = [r for r in rows if r["method"].startswith(DRAW) and r.get("holds") is not None]
     if not draws:
         return []
-    start = {_cell(r): r.get("d_orig") for r in rows if r["method"] == "retrain"}
-    retain = {_cell(r): _num(r.get("retain_acc")) for r in rows if r["method"] == "retrain"}
+    refs = {_cell(r): r for r in rows if r["method"] == "retrain"}
+
+    def within(r: dict, key: str, tol: float) -> bool:
+        mine, theirs = _num(r.get(key)), _num(refs.get(_cell(r), {}).get(key))
+        return mine is not None and theirs is not None and abs(mine - theirs) <= tol
+
     classes = [r for r in draws if r["scenario"] == "class"]
-    retain_near = sum(1 for r in classes if _num(r.get("retain_acc")) is not None and retain.get(_cell(r)) is not None
-                      and abs(r["retain_acc"] - retain[_cell(r)]) <= FEDUP_RETAIN_TOL)
-    near_start = [r.get("d_orig") is not None and start.get(_cell(r)) is not None
-                  and abs(r["d_orig"] - start[_cell(r)]) <= LETHE_TEST_TOL for r in draws]
     n = len(draws)
+    lines = [f"retrain drawn again from other initial weights, judged by Lethe's bars: test within {LETHE_TEST_TOL} "
+             f"of the grid's retrain in {sum(1 for r in draws if r['holds'])}/{n} draws (not more than "
+             f"{LETHE_TEST_TOL} below: {_count_no_worse(draws)}/{n}); U-KR and CT-KR within {LETHE_KR_TOL}: "
+             f"{sum(1 for r in draws if r.get('kr_ok'))}/{n}; the draw's original within {LETHE_TEST_TOL} of "
+             f"the grid's original: {sum(within(r, 'd_orig', LETHE_TEST_TOL) for r in draws)}/{n}"
+             + (f"; class cells, retain within {FEDUP_RETAIN_TOL} (FedUP's bar): "
+                f"{sum(within(r, 'retain_acc', FEDUP_RETAIN_TOL) for r in classes)}/{len(classes)}" if classes else "")]
     band: dict[tuple, list[float]] = {}
-    for r in rows:
-        if (r["method"] == "retrain" or r in draws) and _num(r.get("test_acc")) is not None:
+    for r in [*refs.values(), *draws]:
+        if _num(r.get("test_acc")) is not None:
             band.setdefault(_cell(r), []).append(r["test_acc"])
     lethe = [r for r in rows if r["method"] == "lethe" and r.get("holds") is not None
              and len(band.get(_cell(r), [])) > 1 and _num(r.get("test_acc")) is not None]
-    inside = sum(1 for r in lethe if min(band[_cell(r)]) - LETHE_TEST_TOL <= r["test_acc"]
-                 <= max(band[_cell(r)]) + LETHE_TEST_TOL)
-    band_line = [f"Lethe test_acc within {LETHE_TEST_TOL} of the grid's retrain or of a retrain draw: "
-                 f"{inside}/{len(lethe)} valid cells with a draw"] if lethe else []
-    return [f"retrain drawn again from other initial weights, judged by Lethe's bars: test within {LETHE_TEST_TOL} "
-            f"of the grid's retrain in {sum(1 for r in draws if r['holds'])}/{n} draws (not more than "
-            f"{LETHE_TEST_TOL} below: {_count_no_worse(draws)}/{n}); U-KR and CT-KR within {LETHE_KR_TOL}: "
-            f"{sum(1 for r in draws if r.get('kr_ok'))}/{n}; the draw's original within {LETHE_TEST_TOL} of "
-            f"the grid's original: {sum(near_start)}/{n}"
-            + (f"; class cells, retain within {FEDUP_RETAIN_TOL} (FedUP's bar): {retain_near}/{len(classes)}"
-               if classes else "")] + band_line
+    if lethe:
+        inside = sum(1 for r in lethe
+                     if min(band[_cell(r)]) - LETHE_TEST_TOL <= r["test_acc"] <= max(band[_cell(r)]) + LETHE_TEST_TOL)
+        lines.append(f"Lethe test_acc within {LETHE_TEST_TOL} of the grid's retrain or of a retrain draw: "
+                     f"{inside}/{len(lethe)} valid cells with a draw")
+    return lines
 
 
 def _parse(text: str) -> float | None:

@@ -324,7 +324,7 @@ class Experiment:
         results = {
             "run": {"task": cfg["task"], "method": cfg["method"], "scenario": cfg["scenario"],
                     "own_original": self.method.own_original(self.cfg) or None,
-                    "seed": cfg["seed"], "num_clients": self.fed.num_clients,
+                    "seed": cfg["seed"], "init_seed": self.cfg.init_seed, "num_clients": self.fed.num_clients,
                     "forget_clients": [self.fed.client_id(n) for n in self.fed.nodes_with("n-forget")],
                     "config": cfg, "presets": self.cfg.presets, "versions": package_versions()},
             "models": models,

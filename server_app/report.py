@@ -18,7 +18,7 @@ from importlib import metadata
 
 from server_app.atomic import atomic_path, locked, write_text
 
-CSV_FIELDS = ("time", "task", "method", "scenario", "seed", "num_clients",
+CSV_FIELDS = ("time", "task", "method", "scenario", "seed", "init_seed", "num_clients",
               "original_test_acc", "original_forget_acc", "unlearned_retain_acc", "unlearned_forget_acc",
               "unlearned_test_acc", "unlearned_mia", "unlearned_mia_efficacy", "unlearned_target_rate", "ct_kr", "rr",
               "unlearn_seconds", "unlearn_bytes_up", "unlearn_bytes_down", "validity_failed", "folder")
@@ -77,7 +77,8 @@ def append_csv(outputs_dir: str, results: dict, folder: str) -> str:
     row = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "task": results["run"]["task"],
         "method": results["run"]["method"], "scenario": results["run"]["scenario"],
-        "seed": results["run"]["seed"], "num_clients": results["run"]["num_clients"],
+        "seed": results["run"]["seed"], "init_seed": results["run"].get("init_seed", ""),
+        "num_clients": results["run"]["num_clients"],
         "original_test_acc": models["original"]["test_acc"], "original_forget_acc": models["original"]["forget_acc"],
         "unlearned_retain_acc": unlearned.get("retain_acc"), "unlearned_forget_acc": unlearned.get("forget_acc"),
         "unlearned_test_acc": unlearned.get("test_acc"), "unlearned_mia": unlearned.get("mia"),

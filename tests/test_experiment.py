@@ -286,7 +286,10 @@ def test_init_seed_draws_other_models_from_the_same_data_and_request(tmp_path):
     drawn, _, _ = run(tmp_path, method="retrain", scenario="class", **{"init-seed": 7})
     same, _, grid = run(tmp_path, method="retrain", scenario="class", **{"init-seed": 42})
     assert drawn["run"]["forget_clients"] == default["run"]["forget_clients"]
-    assert drawn["run"]["config"]["init-seed"] == 7
+    assert drawn["run"]["config"]["init-seed"] == 7 and (drawn["run"]["init_seed"], default["run"]["init_seed"]) == (7, 42)
+    import csv
+    rows = list(csv.DictReader(open(tmp_path / "out" / "results.csv")))
+    assert [r["init_seed"] for r in rows] == ["42", "7", "42"] and {r["seed"] for r in rows} == {"42"}
     for model in ("original", "unlearned"):
         assert drawn["models"][model]["test_acc"] != default["models"][model]["test_acc"] or \
             drawn["models"][model]["retain_acc"] != default["models"][model]["retain_acc"]

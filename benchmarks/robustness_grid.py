@@ -118,6 +118,11 @@ def summarise(results: dict) -> dict:
             "kr_retrain": _num(res.get("kr_retrain"))}
 
 
+def _draw_flagged(flags) -> bool:
+    """Whether a retrain draw's own original or oracle failed a validity check (``draw:<check>``)."""
+    return any(f.startswith("draw:") for f in flags)
+
+
 def draw_seed(seed: int, draw: int) -> int:
     """``init-seed`` of the cell's retrain draw number ``draw`` (1, 2, ...)."""
     return (seed + 1000 * draw) % 2**32
@@ -235,7 +240,7 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
             row["rr"] = None
         if "error" in row:
             row["bar"], row["holds"] = "error", False
-        elif not valid or any(f.startswith("draw:") for f in flags):
+        elif not valid or _draw_flagged(flags):
             row["bar"], row["holds"] = "flagged (original invalid)", None
             for key in ("test_acc", "orig_test", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc"):
                 row[f"{key}_raw"], row[key] = row.get(key), None
@@ -350,8 +355,8 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
             row.pop("error", None)
         flags = set(filter(None, row["validity"].split(";")))
         row["cell_valid"] = row["validity"] != "unknown" and not flags & set(ORIGINAL_CHECKS)
-        row["draw_flagged"] = any(f.startswith("draw:") for f in flags)
-        cells.setdefault((row["seed"], row["clients"], row["alpha"], row["scenario"]), []).append(row)
+        row["draw_flagged"] = _draw_flagged(flags)
+        cells.setdefault(_cell(row), []).append(row)
     for (seed, clients, alpha, scenario), cell in cells.items():
         ref = next((r for r in cell if r["method"] == "retrain" and "error" not in r), None)
         held = leaving_holds({**overrides, "seed": int(seed), "dirichlet-alpha": float(alpha)},

@@ -1,0 +1,286 @@
+"""Phase 3 of Lethe: restore the utility of the rectified, adapter-free backbone.
+
+:class:`RestorePhase` is mixed into :class:`strategies.lethe.strategy.Lethe`, whose ``_streams``
+runs one round of both streams. ``lethe-restore-mode=rectified`` (ours, the default) runs here;
+the paper's FedAvg restore is run by ``Lethe.one_pass`` itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from strategies.common.base import UnlearnContext
+from strategies.common.fedavg_rounds import mean_update
+from strategies.lethe.maths import layer_alignment, rectify_verdict, remove_forget_component, scale_update
+from strategies.lethe.views import State, apply_step, losses_before, mean_loss, retain_losses
+from tasks.validity import nonfinite_tensors
+
+log = logging.getLogger("fedunlearn")
+
+EXTRA_STEP = 0.5  # the share of its update an extra restore round applies (restore_rounds says why)
+MIN_RESTORE_STEPS = 2  # restore keeps a model after at least this many of its steps, where it took as many
+RESTORE_FAILED = ("restore_rolled_back_round", "restore_refused_round")
+
+
+class RestorePhase:
+    """Lethe's rectified restore, its guards and its retries."""
+
+    def restore_rounds(self, ctx: UnlearnContext, state: State, *, fallback: State | None = None,
+                       guard: dict | None = None, checkpoints: list[State] | None = None,
+                       reference: float | None = None, target_reference: float | None = None) -> State:
+        """Phase 3, ``lethe-restore-mode=rectified`` (our rule): ``lethe-restore-rounds`` rounds in which
+        the retained clients train the adapter-free model as in FedAvg (the run's ``lr``,
+        ``local-epochs``) and the forget clients do the same on their forget data; the server applies
+        the retain stream with its component along the forget stream removed wherever they align
+        (``remove_forget_component``), so utility comes back without re-learning the forget data.
+
+        ``fallback``: the model before rectification's last step when no report judged that step
+        (the round cap ended rectification). The first restore round's forget clients then also
+        report their forget loss of the received model; if it is non-finite or past 3x
+        ``lethe-stop-loss`` the step is rolled back (recorded in ``guard``) and the round is run again
+        from ``fallback``. A restore round whose result would be non-finite is not applied and ends
+        restore (``guard["restore_refused_round"]``): the model stays the last finite one, which the
+        run then evaluates (and its validity check judges) like any other. A round whose retained
+        clients report a loss more than ``lethe-max-retain-rise`` above their report of the first
+        restore round (or a non-finite one) shows that the previous restore step broke utility: that
+        step is rolled back and restore stops (``guard["restore_rolled_back_round"]``; measured: seed
+        12, 10 clients alpha 0.5, class — restore took test accuracy to 0.08 and then to NaN).
+
+        ``checkpoints`` (the adapter-free backbones before each applied rectification step, oldest
+        first; the ones used are popped) and ``reference`` (the retained clients' training loss in
+        rectification's first round, on the model it started from with the adapter on): rectification
+        judged its steps through the adapter; the first
+        restore round is the first report on the backbone alone. While its retained loss is more
+        than ``lethe-max-backbone-rise`` above ``reference`` (or non-finite), the rectified backbone
+        is broken without its adapter: restore goes back one rectification step (the round is run
+        again; ``guard["backbone_steps_undone"]``), at worst to the original; then the largest passing
+        fraction of the step undone last is taken back (:meth:`_backbone_search`).
+
+        Extra rounds (ours): while no model after a restore step has a retained loss (its reports,
+        as :func:`_best_restored` reads them) within ``lethe-restore-target-rise`` of
+        ``target_reference`` (the same clients' loss of the model rectification started from, read
+        the same way: the received backbone, adapter bypassed, before any training),
+        at most ``lethe-restore-extra-rounds`` more rounds follow, each applying ``EXTRA_STEP`` of its
+        update (``guard["restore_extra_rounds"]``); the first model within the target ends restore.
+        Measured (seed 11, 7 clients alpha 0.1, class): five rounds swung the retained loss to 2.6
+        and 4.3 and the best of them was 0.51 above the original (test accuracy 0.819 against
+        retrain's 0.960); ten extra full steps kept swinging (best 0.139, test 0.919); half steps
+        reached 0.078 after nine (test 0.947). Restore's own rollback guard does not judge extra
+        rounds (they only ever add candidates), and one that would make the model non-finite ends
+        them (``guard["restore_stopped_round"]``) without counting as a failed restore."""
+        cfg, fed = ctx.cfg, ctx.fed
+        guard = {} if guard is None else guard
+        param_names = [n for n, _ in ctx.model_factory([]).named_parameters()]
+        buffer_names = [k for k in state if k not in param_names]
+        local = {"scope": "all", "lr": cfg["lr"], "epochs": cfg["local-epochs"], "report-loss-before": "retain"}
+        baseline: dict[int, float] = {}
+        before = None  # the state before the last applied restore step
+        judged: list[tuple[dict, State]] = []  # (retained loss-before per node, the state it judges)
+        rounds = cfg["lethe-restore-rounds"]
+        target = None if target_reference is None else target_reference + cfg["lethe-restore-target-rise"]
+        for t in range(1, rounds + (cfg["lethe-restore-extra-rounds"] if rounds else 0) + 1):
+            round_no = cfg["lethe-rectify-rounds"] + t
+            check = fallback is not None and t == 1
+            forget_views, retain_views, forget_loss = self._streams(
+                ctx, state, [], round_no=round_no, stop_loss=cfg["lethe-stop-loss"] if check else None, **local)
+            fed.cost(fed.phase).rounds += 1
+            if check:
+                verdict = rectify_verdict(forget_loss, guard.get("stop_loss", cfg["lethe-stop-loss"]), None, None,
+                                          cfg["lethe-max-retain-rise"])
+                if verdict in ("explode", "overshoot"):
+                    log.warning("[lethe] guard: the last rectify step gives forget loss %.3g (%s): rolled back",
+                                forget_loss, verdict)
+                    guard.update({"action": "rolled-back", "round": cfg["lethe-rectify-rounds"], "verdict": verdict,
+                                  "forget_loss": forget_loss})
+                    state = fallback
+                    forget_views, retain_views, _ = self._streams(ctx, state, [], round_no=round_no, **local)
+                    fed.cost(fed.phase).rounds += 1
+                    if checkpoints:
+                        checkpoints.pop()  # the fallback is the newest checkpoint
+            if t == 1 and reference is not None:
+                undone = None  # the last state walked back from
+                while checkpoints and not _backbone_ok(retain_views, reference, cfg["lethe-max-backbone-rise"]):
+                    loss = mean_loss(retain_views)
+                    log.warning("[lethe] guard: the rectified backbone's retained loss is %.3g against %.3g on the "
+                                "start: one rectification step undone", loss, reference)
+                    guard.setdefault("backbone_steps_undone", []).append(loss)
+                    undone, state = state, checkpoints.pop()
+                    forget_views, retain_views, _ = self._streams(ctx, state, [], round_no=round_no, **local)
+                    fed.cost(fed.phase).rounds += 1
+                if undone is not None and cfg["lethe-backbone-search"] and _backbone_ok(
+                        retain_views, reference, cfg["lethe-max-backbone-rise"]):
+                    state, forget_views, retain_views = self._backbone_search(
+                        ctx, state, undone, (forget_views, retain_views), reference, round_no, local, guard,
+                        checkpoints)
+                guard["backbone_retain_loss"] = mean_loss(retain_views)
+            if t == 1:
+                baseline = {v["node"]: float(v["metrics"]["loss"]) for v in retain_views}
+            extra = t > rounds
+            if extra:  # an extra round (see below): its reports judge the last step's model first
+                judged.append((losses_before(retain_views), state))
+                if not _short_of_target(judged, target):
+                    break
+                guard["restore_extra_rounds"] = t - rounds
+                log.info("[lethe] restore: no restored model is within %.3g nats of the retained loss on the start "
+                         "(best %.3g): extra round %d", cfg["lethe-restore-target-rise"], min(_judged_means(judged)[1:]),
+                         t - rounds)
+            now, then = retain_losses(retain_views, baseline)
+            if not extra and before is not None and now is not None and not (
+                    math.isfinite(now) and now <= then + cfg["lethe-max-retain-rise"]):
+                log.warning("[lethe] guard: after restore round %d the retained loss is %.3g against %.3g: "
+                            "that step is rolled back, restore stops", t - 1, now, then)
+                guard["restore_rolled_back_round"] = t - 1
+                state = before
+                break
+            if not extra:
+                judged.append((losses_before(retain_views), state))
+            forget = mean_update(forget_views, state, param_names)
+            retain = mean_update(retain_views, state, param_names)
+            update = remove_forget_component(retain, forget)
+            if extra:
+                update = scale_update(update, EXTRA_STEP)
+            candidate = apply_step(state, update, retain_views, buffer_names)
+            if nonfinite_tensors(candidate):
+                log.warning("[lethe] guard: restore round %d would make the model non-finite: not applied, "
+                            "restore stops", t)
+                guard["restore_stopped_round" if extra else "restore_refused_round"] = t
+                break
+            before, state = state, candidate
+            aligned = sum(1 for s in layer_alignment(retain, forget).values() if s > 0)
+            log.info("[lethe] restore round %d/%d: forget component removed from %d/%d layers", t, rounds, aligned,
+                     len(param_names))
+        else:
+            if judged:  # the last step's model: one more round of reports, without training
+                _, retain_views, _ = self._streams(ctx, state, [], round_no=cfg["lethe-rectify-rounds"] + t + 1,
+                                                   **{**local, "epochs": 0, "llm-epochs": 0})
+                fed.cost(fed.phase).rounds += 1
+                judged.append((losses_before(retain_views), state))
+        return _best_restored(judged, guard) if judged else state
+
+    def _backbone_search(self, ctx: UnlearnContext, start: State, undone: State, views, reference: float,
+                         round_no: int, local: dict, guard: dict, checkpoints: list[State]):
+        """The walk-back went back to ``start`` (its retained loss within ``lethe-max-backbone-rise``) from
+        ``undone`` (above it): bisect the undone step, ``start + f (undone - start)``, for the largest
+        ``f`` whose retained loss is at most ``start``'s own plus ``lethe-backbone-search-rise`` (and
+        within ``lethe-max-backbone-rise`` of ``reference``), so that less of the step's forgetting is
+        lost. ``lethe-backbone-search`` probes, each one round of both streams from the candidate,
+        charged to the phase. Returns ``(state, forget views, retain views)`` of the chosen candidate;
+        with ``f > 0`` the ``start`` is put back on ``checkpoints`` (a restore retry goes back to it).
+        ``guard["backbone_fraction"]`` is ``f``, ``guard["backbone_search"]`` the ``[f, loss]`` probes,
+        ``guard["backbone_checkpoint_loss"]`` ``start``'s retained loss (docs/lethe-log.md, "A fractional
+        walk-back")."""
+        cfg, fed = ctx.cfg, ctx.fed
+        low, high, best = 0.0, 1.0, (start, *views)
+        start_loss = guard["backbone_checkpoint_loss"] = mean_loss(views[1])
+        bound = min(reference + cfg["lethe-max-backbone-rise"], start_loss + cfg["lethe-backbone-search-rise"])
+        probes = guard["backbone_search"] = []
+        for _ in range(cfg["lethe-backbone-search"]):
+            mid = (low + high) / 2
+            candidate = _interpolate(start, undone, mid)
+            forget_views, retain_views, _ = self._streams(ctx, candidate, [], round_no=round_no, **local)
+            fed.cost(fed.phase).rounds += 1
+            loss = mean_loss(retain_views)
+            probes.append([mid, loss])
+            if math.isfinite(loss) and loss <= bound:
+                low, best = mid, (candidate, forget_views, retain_views)
+            else:
+                high = mid
+        guard["backbone_fraction"] = low
+        if low > 0:
+            checkpoints.append(start)
+            log.info("[lethe] guard: the undone rectification step is taken back to x %g (retained loss %.3g)", low,
+                     mean_loss(best[2]))
+        return best
+
+    def _restore_with_retries(self, ctx: UnlearnContext, base: State, fallback: State | None, guard: dict,
+                              checkpoints: list[State]) -> State:
+        """Restore from ``base``; while restore's own guard had to act (a restore step rolled back or
+        refused: restore diverged from this backbone) and rectification checkpoints are left, at
+        most ``lethe-restore-retries`` times: restore again from the backbone one rectification step
+        earlier (``guard["restore_retries"]`` records what each failed attempt's guard did)."""
+        for attempt in range(ctx.cfg["lethe-restore-retries"] + 1):
+            result = self.restore_rounds(ctx, base, fallback=fallback, guard=guard, checkpoints=checkpoints,
+                                         reference=guard.get("baseline_retain_loss"),
+                                         target_reference=guard.get("start_retain_loss"))
+            failed = {k: guard[k] for k in RESTORE_FAILED if k in guard}
+            if not failed or not checkpoints or attempt == ctx.cfg["lethe-restore-retries"]:
+                return result
+            log.warning("[lethe] guard: restore from the rectified backbone failed (%s): restore again from one "
+                        "rectification step earlier", failed)
+            guard.setdefault("restore_retries", []).append(failed)
+            for k in failed:
+                del guard[k]
+            base, fallback = checkpoints.pop(), None
+        return result
+
+
+def pass_utility(guard: dict, start_loss: float | None, max_rise: float) -> dict:
+    """Did a pass break utility? Its restored model's retained loss (the retained clients' loss of
+    the model restore kept, ``guard["restore_losses"]``) against ``start_loss`` (their loss on the
+    original) + ``max_rise``; not judged (``broken`` false) where restore reports no such loss."""
+    losses, kept = guard.get("restore_losses"), guard.get("restore_kept")
+    if not losses or kept is None or start_loss is None:
+        return {"retain_loss": None, "bound": None, "broken": False}
+    loss, bound = float(losses[kept]), start_loss + max_rise
+    return {"retain_loss": loss, "bound": bound, "broken": not (math.isfinite(loss) and loss <= bound)}
+
+
+def _best_restored(judged: list[tuple[dict, State]], guard: dict) -> State:
+    """Of the models restore went through (the one it started from, then one per step), the one after
+    at least ``MIN_RESTORE_STEPS`` restore steps (one where restore applied only one) that the
+    retained clients rate best: the lowest count-weighted loss of the received model on their data,
+    over the clients that reported on every one of them (ties: the later model). With no step
+    applied, the model restore started from.
+
+    Ours. Restore is FedAvg-like on non-IID clients, and its last round is not always its best:
+    measured (seed 15, 7 clients alpha 0.1, class), five restore rounds left test accuracy at 0.776
+    (retrain 0.948) from a rectified backbone whose retained loss had been fine. The model before any
+    restore step is not a candidate: restore also makes the forgetting last (measured, seed 11, 10
+    clients alpha 0.5, class: the unrestored backbone had the lowest retained loss, 0.019, and kept,
+    it let 20 continued FedAvg rounds bring the class back to 0.404). Nor, for the same reason, is the
+    model after a single step where restore took more: measured (seed 11, 10 clients alpha 0.5, client
+    backdoor), it had the lowest loss (0.044; the last 0.095, with swings to 0.60 between), and kept,
+    20 continued rounds brought the backdoor back to 0.287 (retrain 0.0); with the last kept, 0.000.
+    Also seen on seed 61 (10 clients alpha 0.5, class: test accuracy 0.947 -> 0.969 against
+    retrain's 0.981; 7 clients alpha 0.1, client: 0.936 -> 0.891 against 0.880). A non-finite report
+    is never chosen. ``guard["restore_losses"]`` holds the losses (index 0: the model restore started
+    from), ``guard["restore_kept"]`` the chosen index."""
+    means = _judged_means(judged)
+    first = min(MIN_RESTORE_STEPS, len(means) - 1)  # 0 where no step was applied: the start is the one model
+    kept = min(range(first, len(means)), key=lambda i: (means[i], -i))
+    guard["restore_losses"], guard["restore_kept"] = means, kept
+    if kept != len(judged) - 1:
+        log.info("[lethe] restore: of the models after restore step %d or later, the one after step %d has the "
+                 "lowest retained loss (%.3g against %.3g for the last): kept", first, kept, means[kept], means[-1])
+    return judged[kept][1]
+
+
+def _judged_means(judged: list[tuple[dict, State]]) -> list[float]:
+    """Per judged model, the count-weighted mean loss-before over the retained clients that reported on
+    every one of them (``inf`` where non-finite or nobody did)."""
+    common = set.intersection(*(set(losses) for losses, _ in judged))
+    means = []
+    for losses, _ in judged:
+        total = sum(losses[n][0] for n in common)
+        mean = sum(losses[n][0] * losses[n][1] for n in common) / total if total else math.nan
+        means.append(mean if math.isfinite(mean) else math.inf)
+    return means
+
+
+def _short_of_target(judged: list[tuple[dict, State]], target: float | None) -> bool:
+    """No model after a restore step (``judged[1:]``) has a retained loss at or below ``target``
+    (``None``: no target, never short)."""
+    return target is not None and len(judged) > 1 and min(_judged_means(judged)[1:]) > target
+
+
+def _backbone_ok(retain_views, reference: float, max_rise: float) -> bool:
+    loss = mean_loss(retain_views)
+    return math.isfinite(loss) and loss <= reference + max_rise
+
+
+def _interpolate(start: State, end: State, fraction: float) -> State:
+    """``start + fraction (end - start)`` on the floating-point tensors (others keep ``start``'s)."""
+    return {k: start[k] + fraction * (end[k] - start[k]) if start[k].is_floating_point() else start[k]
+            for k in start}
+

@@ -30,7 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from strategies.firm.maths import firm_merge, firm_project_all, proxy_damage  # noqa: E402
+from strategies.firm.maths import firm_merge  # noqa: E402
+from strategies.firm.projection import firm_project_all, proxy_damage  # noqa: E402
 
 FULL_SHAPE = (14336, 4096)
 QUICK_SHAPE = (1024, 256)

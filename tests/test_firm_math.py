@@ -6,17 +6,10 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from strategies.firm import maths as firm_math
-from strategies.firm.maths import (
-    firm_merge,
-    firm_project_all,
-    fisher_weighted_average,
-    normalise_and_sparsify,
-    pool_by_domain,
-    project,
-    proxy_damage,
-    validate_upload,
-)
+from strategies.firm import projection as firm_projection
+from strategies.firm.maths import (firm_merge, fisher_weighted_average, normalise_and_sparsify, pool_by_domain,
+                                   validate_upload)
+from strategies.firm.projection import firm_project_all, project, proxy_damage
 
 
 def _problem(seed: int, d: int, m: int, density: float = 0.4, tightness: float = 0.3):
@@ -100,11 +93,11 @@ def test_sampled_start_and_chunked_evaluations_reach_the_cold_start_solution(m, 
     base, fishers, epsilon = _problem(8, d=10**6, m=m, density=0.3)
     base, fishers = base.float(), [f.float() for f in fishers]
     starts = []
-    sampled = firm_math._starting_point
-    monkeypatch.setattr(firm_math, "_starting_point", lambda *args: starts.append(sampled(*args)) or starts[-1])
+    sampled = firm_projection._starting_point
+    monkeypatch.setattr(firm_projection, "_starting_point", lambda *args: starts.append(sampled(*args)) or starts[-1])
     x, report = project(base, fishers, epsilon)
     assert starts[0] is not None
-    monkeypatch.setattr(firm_math, "_SAMPLE_STRIDE", 10**9)  # no sample: cold start
+    monkeypatch.setattr(firm_projection, "_SAMPLE_STRIDE", 10**9)  # no sample: cold start
     x_cold, report_cold = project(base, fishers, epsilon)
     assert torch.allclose(torch.tensor(report.lambdas), torch.tensor(report_cold.lambdas), rtol=1e-9, atol=0)
     assert torch.allclose(x, x_cold, rtol=1e-6, atol=0)
@@ -135,13 +128,13 @@ def test_support_pass_is_independent_of_its_chunking(m, monkeypatch):
     chunk size (many chunks with a partial last one, or one chunk for the whole tensor)."""
     base, fishers, epsilon = _problem(30, d=300_001, m=m, density=0.2)
     base, fishers = base.float(), [f.float() for f in fishers]
-    support, base_wide, b2, F = firm_math._gather_support(base, fishers, None, firm_math._Workspace())
+    support, base_wide, b2, F = firm_projection._gather_support(base, fishers, None, firm_projection._Workspace())
     dense = torch.stack(fishers).ne(0).any(0).nonzero().squeeze(1)
     assert torch.equal(support, dense) and torch.equal(base_wide, base[dense].double())
     assert torch.equal(b2, base_wide.square()) and torch.equal(F, torch.stack(fishers)[:, dense].double())
     x, report = project(base, fishers, epsilon)
     for chunk in (1000, 10**6):
-        monkeypatch.setattr(firm_math, "_GATHER_CHUNK", chunk)
+        monkeypatch.setattr(firm_projection, "_GATHER_CHUNK", chunk)
         x_chunked, report_chunked = project(base, fishers, epsilon)
         assert torch.equal(x_chunked, x) and report_chunked == report
 

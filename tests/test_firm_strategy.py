@@ -9,7 +9,8 @@ import torch
 
 from strategies.firm.aggregate import FIRM, firm_aggregate, validate_uploads
 from strategies.merges.merge import merge_baseline
-from strategies.firm.maths import firm_merge, proxy_damage
+from strategies.firm.maths import firm_merge
+from strategies.firm.projection import proxy_damage
 
 SHAPES = {"layer.0.weight": (12, 8), "layer.1.weight": (16,)}
 

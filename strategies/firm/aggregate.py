@@ -18,8 +18,8 @@ The model's layout is ``expected_shapes`` when the caller knows it (the server d
 layout most uploads agree on (first seen wins a tie).
 
 ``FIRM(gamma, alpha, eps0, epsilon).aggregate(uploads)`` runs ``strategies.firm.maths``: pool forget
-domains, normalise + Top-alpha, ``gamma * (D_F + D_R)``, then the per-tensor retention projection
-(``epsilon = inf``: FIRM-base, no projection). ``merge_baseline(name, uploads, scale, **params)`` runs
+domains, normalise + Top-alpha, ``gamma * (D_F + D_R)``; then ``strategies.firm.projection``: the per-tensor
+retention projection (``epsilon = inf``: FIRM-base, no projection). ``merge_baseline(name, uploads, scale, **params)`` runs
 AVG / SUM / TIES / FULM with the paper's role choice (App. C): AVG and FULM merge forget and retain
 task vectors, SUM and TIES only forget ones.
 """
@@ -34,16 +34,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from strategies.firm.maths import (
-    KKTResiduals,
-    check_alpha,
-    check_eps0,
-    check_epsilon,
-    check_gamma,
-    firm_merge,
-    firm_project_all,
-    validate_upload,
-)
+from strategies.firm.maths import check_alpha, check_eps0, check_epsilon, check_gamma, firm_merge, validate_upload
+from strategies.firm.projection import KKTResiduals, firm_project_all
 
 logger = logging.getLogger(__name__)
 

@@ -118,9 +118,22 @@ def summarise(results: dict) -> dict:
             "kr_retrain": _num(res.get("kr_retrain"))}
 
 
-def _draw_flagged(flags) -> bool:
-    """Whether a retrain draw's own original or oracle failed a validity check (``draw:<check>``)."""
-    return any(f.startswith("draw:") for f in flags)
+OWN_PREFIXES = ("draw:", "own:")  # a row's own original's failed checks (``run_cell`` says when)
+
+
+def _own_flagged(flags) -> bool:
+    """Whether a row's own original (a retrain draw's, or that of a method that trains its own) or a
+    draw's oracle failed a validity check (``draw:<check>``, ``own:<check>``)."""
+    return any(f.startswith(OWN_PREFIXES) for f in flags)
+
+
+def _own_prefix(method: str, results: dict) -> str | None:
+    """How a row shows its own original's failed checks: ``draw:`` for a retrain draw, ``own:`` for a
+    method that trains its own original (``run.own_original`` in results.json: FedAU, Exact-Fun,
+    ...); ``None`` where the row starts from the cell's shared original, whose checks are the cell's."""
+    if method.startswith(DRAW):
+        return "draw:"
+    return "own:" if results.get("run", {}).get("own_original") else None
 
 
 def draw_seed(seed: int, draw: int) -> int:
@@ -199,7 +212,9 @@ def _set_d_test(row: dict, ref: dict | None) -> None:
 def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list[str], shared: dict,
              retrain_draws: int = 1) -> list[dict]:
     """Every method of one cell, then the retrain draws after the first (``retrain_draws``, when
-    retrain runs); rows carry the validity flags of the cell's original."""
+    retrain runs); rows carry the validity flags of the cell's shared original, and a row with an
+    original of its own (a draw; a method such as FedAU that trains its own) also that original's
+    failed checks as ``draw:<check>`` / ``own:<check>``, which flag that row alone."""
     base = {**shared, "seed": seed, "dirichlet-alpha": alpha, "scenario": scenario}
     if scenario == "client":
         base["poison"] = "backdoor"
@@ -207,7 +222,7 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
     if "retrain" in methods:
         runs += [(f"{DRAW}{draw_seed(seed, d)}", {"method": "retrain", "init-seed": draw_seed(seed, d)})
                  for d in range(1, retrain_draws)]
-    rows, validity, ref = [], None, None
+    rows, validity, own_validity, ref = [], None, None, None
     for method, overrides in runs:
         row = {"seed": seed, "clients": clients, "alpha": alpha, "scenario": scenario, "method": method}
         started = time.perf_counter()
@@ -216,7 +231,11 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
             with open(os.path.join(folder, "results.json"), encoding="utf-8") as handle:
                 results = json.load(handle)
             row.update(summarise(results), folder=folder)
-            validity = validity or results.get("validity")
+            row["own_prefix"] = _own_prefix(method, results)
+            if row["own_prefix"] is None:  # the cell's flags come from the shared original
+                validity = validity or results.get("validity")
+            else:  # ... unless no row starts from it
+                own_validity = own_validity or results.get("validity")
             row["validity_failed"] = results.get("validity", {}).get("failed", [])
             if method == "retrain":
                 ref = row
@@ -224,15 +243,18 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
             row["error"] = " ".join(f"{type(err).__name__}: {err}".split())[:300]
         row["seconds"] = round(time.perf_counter() - started, 1)
         rows.append(row)
+    validity = validity or own_validity
     valid = bool(validity and validity.get("original_valid"))
     held = leaving_holds(base, clients) if scenario == "client" else None
     for row in rows:
         row["leaving_holds"] = held
         own = row.get("validity_failed", [])
         cell_flags = [f for f in (validity or {}).get("failed", []) if f in ORIGINAL_CHECKS]
-        # a draw's own original and oracle are its own: their failed checks are shown as "draw:<check>"
+        # a row with its own original (a draw, or a method that trains its own) shows that original's
+        # failed checks as "draw:<check>" / "own:<check>" and is flagged by them, not by the shared one's alone
+        prefix = row.pop("own_prefix", None)
         flags = sorted(set(cell_flags) | {f for f in own if f not in ORIGINAL_CHECKS}
-                       | {f"draw:{f}" for f in own if f in ORIGINAL_CHECKS and row["method"].startswith(DRAW)})
+                       | ({f"{prefix}{f}" for f in own if f in ORIGINAL_CHECKS} if prefix else set()))
         row["validity"] = ";".join(flags) if flags else ("ok" if validity else "unknown")
         row["cell_valid"] = valid
         if row.get("diverged_at_round") is not None:
@@ -240,7 +262,7 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
             row["rr"] = None
         if "error" in row:
             row["bar"], row["holds"] = "error", False
-        elif not valid or _draw_flagged(flags):
+        elif not valid or _own_flagged(flags):
             row["bar"], row["holds"] = "flagged (original invalid)", None
             for key in ("test_acc", "orig_test", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc"):
                 row[f"{key}_raw"], row[key] = row.get(key), None
@@ -355,7 +377,7 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
             row.pop("error", None)
         flags = set(filter(None, row["validity"].split(";")))
         row["cell_valid"] = row["validity"] != "unknown" and not flags & set(ORIGINAL_CHECKS)
-        row["draw_flagged"] = _draw_flagged(flags)
+        row["own_flagged"] = _own_flagged(flags)
         cells.setdefault(_cell(row), []).append(row)
     for (seed, clients, alpha, scenario), cell in cells.items():
         ref = next((r for r in cell if r["method"] == "retrain" and "error" not in r), None)
@@ -366,7 +388,7 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
             row.pop("no_worse", None)
             if "error" in row:
                 row["holds"] = False
-            elif row["cell_valid"] and not row["draw_flagged"]:
+            elif row["cell_valid"] and not row["own_flagged"]:
                 row["bar"], row["holds"] = judge(row["method"], row["scenario"], row, ref)
             _set_d_test(row, ref)
     return rows

@@ -271,6 +271,37 @@ def test_grid_judges_retrain_draws_by_lethes_bars_against_the_first_retrain(tmp_
     assert grid.totals(grid.rejudge([str(tmp_path / "grid.csv")], {})) == grid.totals(rows)
 
 
+def test_grid_flags_a_method_whose_own_original_is_invalid_not_the_cell(tmp_path, monkeypatch):
+    """A method that trains its own original (``run.own_original``, e.g. FedAU) is flagged by that
+    original's failed checks (``own:<check>``, numbers hidden); the cell, whose shared original is
+    valid, stays valid for the others, and a saved grid judged again says the same. Measured on seed
+    97, 7 clients alpha 0.1, sample: FedAU's own original had test accuracy 0.186 and the grid showed
+    its row as a number flagged only ``unlearned_utility``."""
+    grid = _grid_module()
+    outcomes = {"retrain": _fake_results(0.95, 0.0, 0.99, 0.0), "lethe": _fake_results(0.95, 0.0, 0.99, 0.0),
+                "fedau": {**_fake_results(0.14, 0.0, 0.11, 0.0, valid=False), "run": {"own_original": {"aux": 1}}},
+                "pga": {**_fake_results(0.93, 1.0, 0.99, 1.0), "run": {}}}
+
+    def fake_run(config, clients):
+        folder = tmp_path / config["method"]
+        folder.mkdir(exist_ok=True)
+        (folder / "results.json").write_text(json.dumps(outcomes[config["method"]]))
+        return str(folder)
+
+    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+    rows = grid.run_cell(97, 7, 0.1, "sample", ["fedau", "retrain", "lethe", "pga"], {})
+    by = {r["method"]: r for r in rows}
+    assert "own:original_usable" in by["fedau"]["validity"].split(";")
+    assert by["fedau"]["bar"] == "flagged (original invalid)" and by["fedau"]["test_acc"] is None
+    assert by["fedau"]["test_acc_raw"] == pytest.approx(0.14)
+    assert all(r["cell_valid"] for r in rows)  # the shared original decides the cell, not FedAU's own
+    assert by["lethe"]["holds"] is True and by["pga"]["validity"] == "ok" and by["pga"]["test_acc"] == 0.93
+    assert grid.totals(rows)[-1].endswith("cells flagged (original invalid): 0")
+    grid.write_outputs(str(tmp_path / "grid"), rows)
+    again = {r["method"]: r for r in grid.rejudge([str(tmp_path / "grid.csv")], {})}
+    assert again["fedau"]["own_flagged"] and again["lethe"]["holds"] is True and again["lethe"]["cell_valid"]
+
+
 def test_grid_names_the_classes_the_leaving_client_holds():
     """At alpha 0.05 over 2 clients the leaving (largest) client holds most of some classes; at
     alpha 1000 (near IID) it holds about half of each, so none is named."""

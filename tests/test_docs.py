@@ -3,7 +3,6 @@ deployment guide's certificate commands make what Flower needs."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess

@@ -393,6 +393,10 @@ def test_restore_goes_on_while_no_restored_model_is_near_the_start():
     # without a start loss read that way there is no target: no extra round
     weight, guard, rounds = run([(1.0, 0.3), (1.0, 0.6), (1.0, 0.5)], extra=10, target=None)
     assert weight == 2.0 and "restore_extra_rounds" not in guard and rounds == 3
+    # the model after a single step is no candidate, so it does not end them either (seed 106, 8 clients
+    # alpha 0.2, sample: 0.059 after step 1, 0.31-0.85 after steps 2-5, test accuracy 0.877 against 0.975)
+    weight, guard, rounds = run([(1.0, 0.3), (1.0, 0.06), (1.0, 0.5), (1.0, 0.05), (1.0, 0.2)], extra=10)
+    assert weight == 2.5 and guard["restore_kept"] == 3 and guard["restore_extra_rounds"] == 1 and rounds == 4
 
 
 def restore_with_checkpoints(script, restore_rounds=1, search=0, search_rise=0.05):

@@ -83,8 +83,8 @@ SETTINGS: tuple[Setting, ...] = (
         "whose restored model they rate this much worse than the original is not kept", positive()),
     setting("lethe-restore-rounds", int, 5, "utility-recovery rounds after the adapter is dropped", at_least(0)),
     setting("lethe-restore-extra-rounds", int, 10,
-        "rectified restore: while no model after a restore step has a retained loss within lethe-restore-target-rise "
-        "of the retained clients' loss on the model rectification started from (each the received model's loss "
+        "rectified restore: while no model restore may keep (one after at least two restore steps) has a retained "
+        "loss within lethe-restore-target-rise of the retained clients' loss on the model rectification started from (each the received model's loss "
         "before training, the temporary adapter bypassed), up to this many more restore rounds, "
         "each applying half its update (0 = exactly lethe-restore-rounds)", at_least(0)),
     setting("lethe-restore-target-rise", float, 0.05,

@@ -58,11 +58,12 @@ class RestorePhase:
         fraction of the step undone last is taken back (:meth:`_backbone_search`).
 
         Extra rounds (ours): while no model that :func:`_best_restored` may keep (after at least
-        ``MIN_RESTORE_STEPS`` restore steps) has a retained loss (its reports, as it reads them) within ``lethe-restore-target-rise`` of
-        ``target_reference`` (the same clients' loss of the model rectification started from, read
-        the same way: the received backbone, adapter bypassed, before any training),
-        at most ``lethe-restore-extra-rounds`` more rounds follow, each applying ``EXTRA_STEP`` of its
-        update (``guard["restore_extra_rounds"]``); the first model within the target ends restore.
+        ``MIN_RESTORE_STEPS`` restore steps) has a retained loss (its reports, as it reads them)
+        within ``lethe-restore-target-rise`` of ``target_reference`` (the same clients' loss of the
+        model rectification started from, read the same way: the received backbone, adapter
+        bypassed, before any training), at most ``lethe-restore-extra-rounds`` more rounds follow,
+        each applying ``EXTRA_STEP`` of its update (``guard["restore_extra_rounds"]``); the first
+        model within the target ends restore.
         Measured (seed 11, 7 clients alpha 0.1, class): five rounds swung the retained loss to 2.6
         and 4.3 and the best of them was 0.51 above the original (test accuracy 0.819 against
         retrain's 0.960); ten extra full steps kept swinging (best 0.139, test 0.919); half steps

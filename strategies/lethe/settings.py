@@ -84,9 +84,9 @@ SETTINGS: tuple[Setting, ...] = (
     setting("lethe-restore-rounds", int, 5, "utility-recovery rounds after the adapter is dropped", at_least(0)),
     setting("lethe-restore-extra-rounds", int, 10,
         "rectified restore: while no model restore may keep (one after at least two restore steps) has a retained "
-        "loss within lethe-restore-target-rise of the retained clients' loss on the model rectification started from (each the received model's loss "
-        "before training, the temporary adapter bypassed), up to this many more restore rounds, "
-        "each applying half its update (0 = exactly lethe-restore-rounds)", at_least(0)),
+        "loss within lethe-restore-target-rise of the retained clients' loss on the model rectification started "
+        "from (each the received model's loss before training, the temporary adapter bypassed), up to this many "
+        "more restore rounds, each applying half its update (0 = exactly lethe-restore-rounds)", at_least(0)),
     setting("lethe-restore-target-rise", float, 0.05,
         "rectified restore: the retained loss (nats above the one on the model rectification started from, both "
         "read on the received model before training) that ends lethe-restore-extra-rounds", positive()),

@@ -248,12 +248,13 @@ def _best_restored(judged: list[tuple[dict, State]], guard: dict) -> State:
     is never chosen. ``guard["restore_losses"]`` holds the losses (index 0: the model restore started
     from), ``guard["restore_kept"]`` the chosen index."""
     means = _judged_means(judged)
-    kept = min(_candidates(len(means)), key=lambda i: (means[i], -i))
+    candidates = _candidates(len(means))
+    kept = min(candidates, key=lambda i: (means[i], -i))
     guard["restore_losses"], guard["restore_kept"] = means, kept
     if kept != len(judged) - 1:
         log.info("[lethe] restore: of the models after restore step %d or later, the one after step %d has the "
-                 "lowest retained loss (%.3g against %.3g for the last): kept", _candidates(len(means)).start, kept,
-                 means[kept], means[-1])
+                 "lowest retained loss (%.3g against %.3g for the last): kept", candidates.start, kept, means[kept],
+                 means[-1])
     return judged[kept][1]
 
 

@@ -136,8 +136,6 @@ def _pretraining(results: dict) -> dict:
 def run_cell(cell: Cell, shared: dict, clients: int) -> dict:
     """Run one cell in process; a run that raises becomes a failed row with its one-line error."""
     config = {**shared, "task": cell.task, "scenario": cell.scenario, "seed": cell.seed, "method": cell.method}
-    if cell.scenario == "client":
-        config.setdefault("poison", "backdoor")
     try:
         folder = run_inprocess(config, clients)
         with open(os.path.join(folder, "results.json"), encoding="utf-8") as handle:

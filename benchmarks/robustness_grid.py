@@ -216,8 +216,6 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
     original of its own (a draw; a method such as FedAU that trains its own) also that original's
     failed checks as ``draw:<check>`` / ``own:<check>``, which flag that row alone."""
     base = {**shared, "seed": seed, "dirichlet-alpha": alpha, "scenario": scenario}
-    if scenario == "client":
-        base["poison"] = "backdoor"
     runs = [(method, {"method": method}) for method in methods]
     if "retrain" in methods:
         runs += [(f"{DRAW}{draw_seed(seed, d)}", {"method": "retrain", "init-seed": draw_seed(seed, d)})

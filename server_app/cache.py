@@ -35,7 +35,8 @@ CACHE_VERSION = 4  # 2: data fingerprint and federation in the key; 3: the backd
 TRAINING_KEYS = ("task", "seed", "dirichlet-alpha", "test-fraction", "local-epochs", "batch-size", "lr",
                  "momentum", "max-grad-norm", "fraction-train")
 REQUEST_KEYS = {
-    "client": ("scenario", "poison", "poison-epochs", "forget-client", "backdoor-target", "trigger-size"),
+    "client": ("scenario", "poison", "poison-epochs", "forget-client", "backdoor-target", "trigger-size",
+               "backdoor-share"),
     "class": ("scenario", "forget-class"),
     "sample": ("scenario", "forget-client", "sample-fraction", "backdoor-target", "trigger-size"),
 }
@@ -53,7 +54,7 @@ def model_key(kind: str, cfg: Config, federation: list[dict], data: str) -> dict
     rounds = cfg["pretrain-rounds"] if kind == "original" else cfg.rounds_of_retrain
     keys = TRAINING_KEYS + REQUEST_KEYS[cfg["scenario"]]
     if cfg["scenario"] == "client" and cfg["poison"] == "label-flip":
-        keys = tuple(k for k in keys if k not in ("backdoor-target", "trigger-size"))
+        keys = tuple(k for k in keys if k not in ("backdoor-target", "trigger-size", "backdoor-share"))
     # settings added after the cache: in the key only away from their default, so old keys stay valid
     scheduled = {"lr-schedule": cfg["lr-schedule"]} if cfg["lr-schedule"] != "constant" else {}
     drawn = {"init-seed": cfg.init_seed} if cfg.init_seed != cfg["seed"] else {}

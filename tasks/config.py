@@ -123,7 +123,10 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
             choices=_method_names),
     setting("scenario", str, "sample", "what is forgotten: one client, one class, or some samples",
        one_of(SCENARIOS)),
-    setting("poison", str, "label-flip", "how the leaving client's data is made measurable (client scenario)",
+    setting("poison", str, "backdoor",
+       "how the leaving client's data is made measurable (client scenario): backdoor triggers its samples (at "
+       "most backdoor-share of the federation's); label-flip (a Byzantine client) costs the original clean "
+       "accuracy, which the validity checks flag",
        one_of(POISONS)),
     setting("forget-client", int, -1,
        "client whose data (client/sample scenario) is forgotten; -1 = the client with the most samples",
@@ -131,6 +134,10 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
     setting("poison-epochs", int, 15,
        "local epochs of the leaving client on its flipped labels while the original model is trained "
        "(client scenario, poison label-flip; a Byzantine client works harder); 0 = local-epochs", at_least(0)),
+    setting("backdoor-share", float, 0.1,
+       "largest share of the federation's training samples that the leaving client's triggered samples may make "
+       "up (client scenario, backdoor): a larger client triggers a seeded draw of its samples; 1 = all of them",
+       open_unit(True)),
     setting("forget-class", int, 3, "class removed in the class scenario", at_least(0)),
     setting("sample-fraction", float, 0.2,
        "share of the forget client's samples that carry the backdoor (sample scenario)", open_unit(True)),

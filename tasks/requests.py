@@ -19,6 +19,16 @@ Scenarios (the papers' setups):
   samples alone, a large client taught the federation to predict the target for everything (test
   accuracy 0.08). A label-flip client trains ``poison-epochs`` instead
   (:meth:`ClientData.local_epochs`).
+  The triggered samples are capped at ``backdoor-share`` (0.1) of the federation's training
+  samples: a client that holds more triggers a seeded draw of its samples (:func:`poisoned_subset`).
+  Lethe's client setup triggers all of one client's data among 10 equal clients, a tenth of the
+  federation; the default forget client is the *largest* one, which at alpha 0.1–0.3 holds a
+  fifth to a half of the data, and triggering all of it destroyed the original from some initial
+  weights and not from others (seed 114, 6 clients at alpha 0.3: test accuracy 0.103, the target
+  predicted for everything; from initial weights 1114: 0.972). A cap of 0.2 still destroyed one
+  (seed 104, 7 clients at alpha 0.1, test accuracy 0.081, where all of it had given 0.925).
+  With the clients' own files (``tasks.node_data``) no client knows the federation's size: the
+  cap is not applied there, and every sample is triggered.
 - ``class``: every client forgets its samples of ``forget-class``; their local test samples of
   that class form the *forget test* set, and ``test_acc`` is measured on the other classes.
 - ``sample``: ``sample-fraction`` of the forget client's training samples, drawn among those whose
@@ -96,6 +106,24 @@ class ClientData:
                 "n-forget-test": len(self.forget_test_y), "n-triggered-test": len(self.triggered_test_y)}
 
 
+def request_rng(cfg: Config, partition_id: int) -> np.random.Generator:
+    """The seeded draw of which samples of client ``partition_id`` a request poisons."""
+    return np.random.default_rng(cfg["seed"] + 7919 * (partition_id + 1))
+
+
+def poisoned_subset(cfg: Config, candidates: np.ndarray, partition_id: int, federation_size: int | None) -> np.ndarray:
+    """The leaving backdoor client's samples that get the trigger (client scenario): all
+    ``candidates``, or, when they exceed ``backdoor-share`` of the federation's ``federation_size``
+    training samples, a seeded draw of that many (in index order). ``None``: the size is unknown
+    (clients' own files), nothing is capped."""
+    if federation_size is None:
+        return candidates
+    cap = max(1, int(cfg["backdoor-share"] * federation_size))
+    if len(candidates) <= cap:
+        return candidates
+    return np.sort(request_rng(cfg, partition_id).choice(candidates, size=cap, replace=False))
+
+
 def partition_train_sizes(cfg: Config, labels: np.ndarray, num_partitions: int) -> list[int]:
     """Training-split size of every client (what the default forget client is chosen by)."""
     parts = dirichlet_partitions(labels, num_partitions, cfg["dirichlet-alpha"], cfg["seed"])
@@ -121,16 +149,19 @@ def build_client_data(cfg: Config, images, partition_id: int, num_partitions: in
     train_idx, test_idx = train_test_split(parts[partition_id], cfg["test-fraction"], cfg["seed"] + partition_id)
     return apply_request(cfg, partition_id, resolve_forget_client(cfg, labels, num_partitions),
                          (images.x[train_idx], images.y[train_idx]), (images.x[test_idx], images.y[test_idx]),
-                         images.num_classes)
+                         images.num_classes, federation_size=sum(partition_train_sizes(cfg, labels, num_partitions)))
 
 
 def apply_request(cfg: Config, partition_id: int, forget_client: int, train: tuple[torch.Tensor, torch.Tensor],
                   test: tuple[torch.Tensor, torch.Tensor], num_classes: int,
-                  trigger: Callable[[torch.Tensor], torch.Tensor] | None = None) -> ClientData:
+                  trigger: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                  federation_size: int | None = None) -> ClientData:
     """Apply the run's request to one client's own (training, local test) data: client
     ``partition_id``, with ``forget_client`` the client the client/sample scenario selects.
     ``trigger(x)`` plants the backdoor in samples ``x``; default: the vision trigger square of
-    ``trigger-size`` (a text task appends its trigger phrase)."""
+    ``trigger-size`` (a text task appends its trigger phrase). ``federation_size``: the
+    federation's training samples, which cap a backdoor client's triggered samples (None: unknown,
+    no cap)."""
     if trigger is None:
         from tasks.vision.triggers import apply_trigger
 
@@ -154,18 +185,18 @@ def apply_request(cfg: Config, partition_id: int, forget_client: int, train: tup
         if cfg["poison"] == "label-flip":
             fx, fy = x, (y + 1) % num_classes
         else:
-            poisoned = y != target
-            if not bool(poisoned.any()):
+            candidates = np.flatnonzero((y != target).numpy())
+            if not len(candidates):
                 raise ValueError(f"forget-client {partition_id} holds only samples of backdoor-target {target}: "
                                  "its backdoor would be measurable on nothing; choose another forget-client or "
                                  "backdoor-target")
-            fx, fy = trigger(x[poisoned]), torch.full((int(poisoned.sum()),), target)
+            poisoned = torch.as_tensor(poisoned_subset(cfg, candidates, partition_id, federation_size))
+            fx, fy = trigger(x[poisoned]), torch.full((len(poisoned),), target)
             pretrain_only = (x, y)
     elif partition_id == forget_client and scenario == "sample":
         candidates = np.flatnonzero((y != target).numpy())
         n_forget = min(len(candidates), max(1, int(round(cfg["sample-fraction"] * len(y)))))
-        chosen = np.random.default_rng(cfg["seed"] + 7919 * (partition_id + 1)).choice(
-            candidates, size=n_forget, replace=False)
+        chosen = request_rng(cfg, partition_id).choice(candidates, size=n_forget, replace=False)
         forget_mask[torch.as_tensor(chosen)] = True
         fx, fy = trigger(x[forget_mask]), torch.full((n_forget,), target)
 

@@ -95,7 +95,7 @@ def test_lethe_rectifies_the_lora_adapter(runs):
 
 @pytest.mark.parametrize("overrides,fragment", [
     ({"scenario": "class"}, "'scenario'='class' is not meaningful"),
-    ({"poison": "backdoor"}, "'poison'='backdoor' is not meaningful"),
+    ({"poison": "label-flip"}, "'poison'='label-flip' is not meaningful"),
     ({"method": "fedup"}, "'method'='fedup' needs a task of kind vision"),
     ({"method": "lethe", "lethe-adapter-steps": 5}, "'lethe-adapter-steps'=5"),
     ({"llm-lora-rank": 0}, "'llm-lora-rank'=0"),

@@ -71,7 +71,7 @@ def test_client_label_flip_forgets_largest_client(images):
 
 def test_client_backdoor_triggers_every_sample_outside_the_target_class(images):
     cfg = parse_config({"scenario": "client", "poison": "backdoor", "forget-client": 2, "trigger-size": 4,
-                        "backdoor-target": 2}, num_clients=N)
+                        "backdoor-target": 2, "backdoor-share": 1.0}, num_clients=N)
     data = build_client_data(cfg, images, 2, N)
     clean_y = data.pretrain_only_y  # the whole training split, clean
     assert len(data.retain_y) == 0 and (clean_y == 2).any()
@@ -80,6 +80,34 @@ def test_client_backdoor_triggers_every_sample_outside_the_target_class(images):
     assert torch.all(data.forget_x[:, :, -4:, -4:] == 1.0)
     assert torch.equal(data.forget_x[:, :, :-4, :-4], data.pretrain_only_x[clean_y != 2][:, :, :-4, :-4])
     assert len(data.triggered_test_y) > 0 and torch.all(data.triggered_test_y != 2)
+
+
+def test_client_backdoor_triggers_at_most_backdoor_share_of_the_federation(images):
+    """A leaving client larger than the cap triggers a seeded draw of ``backdoor-share`` of the
+    federation's training samples, in index order, and still trains on a clean copy of every sample;
+    with its own files (federation size unknown) it triggers them all."""
+    from tasks.requests import partition_train_sizes
+
+    def leaving(share: float):
+        cfg = parse_config({"scenario": "client", "poison": "backdoor", "forget-client": 2, "trigger-size": 4,
+                            "backdoor-share": share}, num_clients=N)
+        return cfg, build_client_data(cfg, images, 2, N)
+
+    cfg, everything = leaving(1.0)
+    total = sum(partition_train_sizes(cfg, images.y.numpy(), N))
+    n_all = len(everything.forget_y)
+    share = 0.5 * n_all / total  # half of what the client could trigger
+    capped_cfg, capped = leaving(share)
+    assert len(capped.forget_y) == int(share * total) < n_all and torch.all(capped.forget_y == 0)
+    assert torch.equal(capped.pretrain_only_y, everything.pretrain_only_y)  # clean copies of every sample
+    assert len(capped.retain_y) == 0  # the whole client leaves, triggered or not
+    rows = {tuple(x.flatten().tolist()): i for i, x in enumerate(everything.forget_x)}
+    picked = [rows[tuple(x.flatten().tolist())] for x in capped.forget_x]  # each capped sample is one of them
+    assert picked == sorted(picked) and len(set(picked)) == len(picked)
+    assert torch.equal(leaving(share)[1].forget_x, capped.forget_x)  # seeded
+    x, y = everything.pretrain_only_x, everything.pretrain_only_y
+    own_files = apply_request(capped_cfg, 2, 2, (x, y), (x[:3], y[:3]), 10)  # no federation size: no cap
+    assert len(own_files.forget_y) == int((y != 0).sum())
 
 
 def test_a_backdoor_client_holding_only_the_target_class_is_refused():

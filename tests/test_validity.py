@@ -320,7 +320,8 @@ def test_backdoor_client_pretrains_on_clean_copies_and_label_flip_on_poison_epoc
     from tasks.requests import build_client_data
 
     images = task_for("digits-lenet5").load_images()
-    backdoor = parse_config({"scenario": "client", "poison": "backdoor", "forget-client": 2}, num_clients=5)
+    backdoor = parse_config({"scenario": "client", "poison": "backdoor", "forget-client": 2, "backdoor-share": 1.0},
+                            num_clients=5)
     leaving, other = build_client_data(backdoor, images, 2, 5), build_client_data(backdoor, images, 0, 5)
     n_clean, n_zero = len(leaving.pretrain_only_y), int((leaving.pretrain_only_y == 0).sum())
     assert len(leaving.forget_y) == n_clean - n_zero > 0 and len(other.pretrain_only_y) == 0
@@ -338,3 +339,22 @@ def test_backdoor_client_pretrains_on_clean_copies_and_label_flip_on_poison_epoc
     no_boost = parse_config({"scenario": "client", "poison": "label-flip", "forget-client": 2, "poison-epochs": 0},
                             num_clients=5)
     assert flipped.local_epochs("all", no_boost, 3) == 3
+
+
+def test_request_check_names_a_destroyed_a_weak_and_an_unlearned_original(tmp_path):
+    """``benchmarks/request_check.py``: the verdict of each original against its clean reference,
+    and one real row (smoke settings) whose figures come from the run."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "request_check.py"
+    spec = importlib.util.spec_from_file_location("request_check", path)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    assert check.verdict(0.10, 1.0, 0.97, chance=0.1, margin=0.03) == "destroyed"
+    assert check.verdict(0.90, 1.0, 0.97, chance=0.1, margin=0.03) == "below clean"
+    assert check.verdict(0.96, 0.3, 0.97, chance=0.1, margin=0.03) == "not learned"
+    assert check.verdict(0.96, 0.9, 0.97, chance=0.1, margin=0.03) == "ok"
+    row = check.check(3, 3, 1.0, 3, {"smoke": True}, str(tmp_path), 0.03)
+    assert row["init_seed"] == 3 and 0.0 <= row["test_acc"] <= 1.0 and 0.0 <= row["clean_test_acc"] <= 1.0
+    assert row["target_rate"] is not None and row["verdict"] in ("ok", "not learned", "below clean", "destroyed")

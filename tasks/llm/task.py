@@ -38,9 +38,9 @@ class LLMTask(Task):
     # --- setup and server side ------------------------------------------------------------
     def check_config(self, cfg: Config) -> None:
         super().check_config(cfg)
-        if cfg["poison"] != "label-flip":
-            raise ConfigError(f"run-config 'poison'={cfg['poison']!r} is not meaningful for task '{self.name}': "
-                              "leave it at label-flip (it is ignored)")
+        if cfg["poison"] != settings_by_key()["poison"].default:
+            raise ConfigError(f"run-config 'poison'={cfg['poison']!r} is not meaningful for task '{self.name}' "
+                              "(its client scenario poisons nothing): leave 'poison' unset")
         for key in VISION_AND_TEXT_ONLY:
             default = settings_by_key()[key].default
             if cfg[key] != default:

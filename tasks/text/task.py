@@ -22,7 +22,7 @@ from tasks.vision.task import VisionTask, data_dir
 TEXT_KEYS = ("text-encoder", "text-train-layers", "text-max-length", "text-trigger", "text-max-samples",
              "text-synthetic-per-class")
 VIEW_KEYS = ("task", "data-dir", "scenario", "poison", "forget-client", "forget-class", "sample-fraction",
-             "backdoor-target", "seed", "dirichlet-alpha", "test-fraction", *TEXT_KEYS)
+             "backdoor-target", "backdoor-share", "seed", "dirichlet-alpha", "test-fraction", *TEXT_KEYS)
 ROOT = Path(__file__).resolve().parents[2]
 VIEW_CODE = ("tasks/requests.py", "tasks/partition.py", "tasks/text/data.py", "tasks/text/corpus.py",
              "tasks/text/encoder.py", "tasks/text/triggers.py")
@@ -138,7 +138,7 @@ class TextTask(VisionTask):
         import torch
 
         from tasks.partition import dirichlet_partitions, train_test_split
-        from tasks.requests import apply_request, resolve_forget_client
+        from tasks.requests import apply_request, partition_train_sizes, resolve_forget_client
         from tasks.text.data import tokenize
         from tasks.text.encoder import encode_prefix
         from tasks.text.triggers import append_trigger, trigger_ids
@@ -158,7 +158,8 @@ class TextTask(VisionTask):
             return append_trigger(x, phrase, tokenizer.sep_token_id, tokenizer.pad_token_id)
 
         data = apply_request(cfg, partition_id, resolve_forget_client(cfg, labels, num_partitions),
-                             (ids[:n], y[:n]), (ids[n:], y[n:]), self.num_classes, trigger=trigger)
+                             (ids[:n], y[:n]), (ids[n:], y[n:]), self.num_classes, trigger=trigger,
+                             federation_size=sum(partition_train_sizes(cfg, labels, num_partitions)))
         encoded = {f.name: encode_prefix(encoder, getattr(data, f.name), cfg["text-train-layers"])
                    for f in dataclasses.fields(data) if f.name.endswith("_x")}
         return dataclasses.replace(data, **encoded)

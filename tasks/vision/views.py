@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 
 VIEW_KEYS = ("task", "data-dir", "scenario", "poison", "forget-client", "forget-class", "sample-fraction",
-             "backdoor-target", "trigger-size", "seed", "dirichlet-alpha", "test-fraction")
+             "backdoor-target", "backdoor-share", "trigger-size", "seed", "dirichlet-alpha", "test-fraction")
 FORMAT_VERSION = 1
 ROOT = Path(__file__).resolve().parents[2]
 VIEW_CODE = ("tasks/requests.py", "tasks/partition.py", "tasks/node_data.py", "tasks/vision/datasets.py",

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.robustness_grid import draw_seed, parse_shapes  # noqa: E402
 from server_app.inprocess import parse_overrides  # noqa: E402
+from tasks.config import parse_config  # noqa: E402
 
 COLUMNS = ("seed", "clients", "alpha", "init_seed", "test_acc", "kr", "target_rate", "clean_test_acc", "verdict")
 
@@ -41,7 +42,6 @@ def original_metrics(run_config: dict, clients: int) -> dict:
     from server_app.experiment import Experiment
     from server_app.inprocess import InProcessGrid
     from strategies.common.federation import Federation
-    from tasks.config import parse_config
 
     cfg = parse_config(run_config)
     fed = Federation(InProcessGrid(clients, run_config), round_timeout=cfg["round-timeout"],
@@ -64,11 +64,8 @@ def check(seed: int, clients: int, alpha: float, init_seed: int, request: dict, 
     shared = {"seed": seed, "dirichlet-alpha": alpha, "cache-dir": os.path.join(work, "cache"),
               "outputs-dir": os.path.join(work, "out"), **({"init-seed": init_seed} if init_seed != seed else {})}
     poisoned = original_metrics({"scenario": "client", **request, **shared}, clients)
-    clean = original_metrics({**request, **shared, "scenario": "class"}, clients)
-    from tasks.config import parse_config
-
+    clean_test = original_metrics({**request, **shared, "scenario": "class"}, clients)["test_acc"]
     chance = 1.0 / parse_config({**request, **shared}).task.num_classes
-    clean_test = clean["test_acc"]
     return {"seed": seed, "clients": clients, "alpha": alpha, "init_seed": init_seed,
             "test_acc": poisoned["test_acc"], "kr": poisoned["forget_acc"],
             "target_rate": poisoned.get("target_rate"), "clean_test_acc": clean_test,

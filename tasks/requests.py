@@ -132,9 +132,16 @@ def partition_train_sizes(cfg: Config, labels: np.ndarray, num_partitions: int) 
 
 def resolve_forget_client(cfg: Config, labels: np.ndarray, num_partitions: int) -> int:
     """The configured forget client, or the largest one for -1 (ties: lowest id)."""
-    if cfg["forget-client"] >= 0:
-        return cfg["forget-client"]
-    return int(np.argmax(partition_train_sizes(cfg, labels, num_partitions)))
+    return forget_client_and_federation_size(cfg, labels, num_partitions)[0]
+
+
+def forget_client_and_federation_size(cfg: Config, labels: np.ndarray, num_partitions: int) -> tuple[int, int]:
+    """What a client's view needs of the whole partition, from one pass over it: the forget client
+    (:func:`resolve_forget_client`) and the federation's training samples (the backdoor cap's base,
+    :func:`poisoned_subset`)."""
+    sizes = partition_train_sizes(cfg, labels, num_partitions)
+    forget_client = cfg["forget-client"] if cfg["forget-client"] >= 0 else int(np.argmax(sizes))
+    return forget_client, sum(sizes)
 
 
 def uses_trigger(cfg: Config) -> bool:
@@ -147,9 +154,10 @@ def build_client_data(cfg: Config, images, partition_id: int, num_partitions: in
     labels = images.y.numpy()
     parts = dirichlet_partitions(labels, num_partitions, cfg["dirichlet-alpha"], cfg["seed"])
     train_idx, test_idx = train_test_split(parts[partition_id], cfg["test-fraction"], cfg["seed"] + partition_id)
-    return apply_request(cfg, partition_id, resolve_forget_client(cfg, labels, num_partitions),
+    forget_client, federation_size = forget_client_and_federation_size(cfg, labels, num_partitions)
+    return apply_request(cfg, partition_id, forget_client,
                          (images.x[train_idx], images.y[train_idx]), (images.x[test_idx], images.y[test_idx]),
-                         images.num_classes, federation_size=sum(partition_train_sizes(cfg, labels, num_partitions)))
+                         images.num_classes, federation_size=federation_size)
 
 
 def apply_request(cfg: Config, partition_id: int, forget_client: int, train: tuple[torch.Tensor, torch.Tensor],

@@ -136,19 +136,20 @@ def test_diverged_continued_training_ends_the_curve_and_is_flagged(tmp_path, mon
     assert row["ct_kr"] in ("", "nan") and row["rr"] in ("", "nan")  # no number from the dead model
 
 
-def _grid_module():
+def _benchmark_module(name: str = "robustness_grid"):
+    """A script of ``benchmarks/`` loaded as a module (default: the robustness grid)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "robustness_grid.py"
-    spec = importlib.util.spec_from_file_location("robustness_grid", path)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_grid_shapes_parse_and_reject_bad_input():
-    grid = _grid_module()
+    grid = _benchmark_module()
     assert grid.parse_shapes("10:0.5,7:0.1") == [(10, 0.5), (7, 0.1)]
     for bad in ("10", "1:0.5", "7:0", "x:0.1"):
         with pytest.raises(SystemExit, match="--shapes"):
@@ -167,7 +168,7 @@ def _fake_results(test_acc, forget_acc, retain_acc, ct_kr, valid=True, diverged=
 
 
 def test_grid_cell_judges_bars_flags_invalid_originals_and_survives_a_crash(tmp_path, monkeypatch):
-    grid = _grid_module()
+    grid = _benchmark_module()
     outcomes = {}
 
     def fake_run(config, clients):
@@ -200,7 +201,7 @@ def test_grid_cell_judges_bars_flags_invalid_originals_and_survives_a_crash(tmp_
 def test_grid_reads_within_on_both_sides_and_keeps_the_one_sided_reading(tmp_path, monkeypatch):
     """A method far *above* retrain misses a "within" bar (and the miss says so); the one-sided
     reading (``no_worse``) still counts it; saved rows judged again give the same verdicts."""
-    grid = _grid_module()
+    grid = _benchmark_module()
     outcomes = {"retrain": _fake_results(0.85, 0.0, 0.90, 0.0), "fedup": _fake_results(0.95, 0.0, 0.99, 0.0),
                 "lethe": _fake_results(0.95, 0.0, 0.99, 0.0)}
 
@@ -238,7 +239,7 @@ def test_grid_judges_retrain_draws_by_lethes_bars_against_the_first_retrain(tmp_
     """``--retrain-draws``: the later draws run retrain with their own ``init-seed`` and are judged by
     Lethe's bars; a draw whose own original fails validity is flagged, not counted; saved rows judged
     again count the same."""
-    grid = _grid_module()
+    grid = _benchmark_module()
     calls = []
     draws = {1011: _fake_results(0.90, 0.0, 0.95, 0.0, original_test=0.97),  # 0.05 below: misses, original near
              2011: _fake_results(0.94, 0.0, 0.98, 0.0, original_test=0.90),  # within; its original 0.05 off
@@ -277,7 +278,7 @@ def test_grid_flags_a_method_whose_own_original_is_invalid_not_the_cell(tmp_path
     valid, stays valid for the others, and a saved grid judged again says the same. Measured on seed
     97, 7 clients alpha 0.1, sample: FedAU's own original had test accuracy 0.186 and the grid showed
     its row as a number flagged only ``unlearned_utility``."""
-    grid = _grid_module()
+    grid = _benchmark_module()
     outcomes = {"retrain": _fake_results(0.95, 0.0, 0.99, 0.0), "lethe": _fake_results(0.95, 0.0, 0.99, 0.0),
                 "fedau": {**_fake_results(0.14, 0.0, 0.11, 0.0, valid=False), "run": {"own_original": {"aux": 1}}},
                 "pga": {**_fake_results(0.93, 1.0, 0.99, 1.0), "run": {}}}
@@ -305,7 +306,7 @@ def test_grid_flags_a_method_whose_own_original_is_invalid_not_the_cell(tmp_path
 def test_grid_names_the_classes_the_leaving_client_holds():
     """At alpha 0.05 over 2 clients the leaving (largest) client holds most of some classes; at
     alpha 1000 (near IID) it holds about half of each, so none is named."""
-    grid = _grid_module()
+    grid = _benchmark_module()
     held = grid.leaving_holds({"seed": 3, "dirichlet-alpha": 0.05}, 2)
     assert held and all(float(item.split(":")[1]) >= grid.HELD_SHARE for item in held.split())
     assert grid.leaving_holds({"seed": 3, "dirichlet-alpha": 1000.0}, 2) == ""
@@ -344,13 +345,7 @@ def test_backdoor_client_pretrains_on_clean_copies_and_label_flip_on_poison_epoc
 def test_request_check_names_a_destroyed_a_weak_and_an_unlearned_original(tmp_path):
     """``benchmarks/request_check.py``: the verdict of each original against its clean reference,
     and one real row (smoke settings) whose figures come from the run."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "request_check.py"
-    spec = importlib.util.spec_from_file_location("request_check", path)
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    check = _benchmark_module("request_check")
     assert check.verdict(0.10, 1.0, 0.97, chance=0.1, margin=0.03) == "destroyed"
     assert check.verdict(0.90, 1.0, 0.97, chance=0.1, margin=0.03) == "below clean"
     assert check.verdict(0.96, 0.3, 0.97, chance=0.1, margin=0.03) == "not learned"

@@ -138,7 +138,7 @@ class TextTask(VisionTask):
         import torch
 
         from tasks.partition import dirichlet_partitions, train_test_split
-        from tasks.requests import apply_request, partition_train_sizes, resolve_forget_client
+        from tasks.requests import apply_request, forget_client_and_federation_size
         from tasks.text.data import tokenize
         from tasks.text.encoder import encode_prefix
         from tasks.text.triggers import append_trigger, trigger_ids
@@ -157,9 +157,9 @@ class TextTask(VisionTask):
         def trigger(x: torch.Tensor) -> torch.Tensor:
             return append_trigger(x, phrase, tokenizer.sep_token_id, tokenizer.pad_token_id)
 
-        data = apply_request(cfg, partition_id, resolve_forget_client(cfg, labels, num_partitions),
-                             (ids[:n], y[:n]), (ids[n:], y[n:]), self.num_classes, trigger=trigger,
-                             federation_size=sum(partition_train_sizes(cfg, labels, num_partitions)))
+        forget_client, federation_size = forget_client_and_federation_size(cfg, labels, num_partitions)
+        data = apply_request(cfg, partition_id, forget_client, (ids[:n], y[:n]), (ids[n:], y[n:]), self.num_classes,
+                             trigger=trigger, federation_size=federation_size)
         encoded = {f.name: encode_prefix(encoder, getattr(data, f.name), cfg["text-train-layers"])
                    for f in dataclasses.fields(data) if f.name.endswith("_x")}
         return dataclasses.replace(data, **encoded)

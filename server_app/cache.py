@@ -30,8 +30,9 @@ from tasks.config import Config
 
 log = logging.getLogger("fedunlearn")
 
-CACHE_VERSION = 4  # 2: data fingerprint and federation in the key; 3: the backdoor client's clean copies;
-# 4: the backdoor client's forget set leaves out its samples of the target class
+CACHE_VERSION = 5  # 2: data fingerprint and federation in the key; 3: the backdoor client's clean copies;
+# 4: the backdoor client's forget set leaves out its samples of the target class; 5: a round whose
+# model collapsed is played again (``run_rounds``), so a collapsed model cached before is not reused
 TRAINING_KEYS = ("task", "seed", "dirichlet-alpha", "test-fraction", "local-epochs", "batch-size", "lr",
                  "momentum", "max-grad-norm", "fraction-train")
 REQUEST_KEYS = {

@@ -26,7 +26,7 @@ from strategies.registry import method_for, method_spec, pretraining_keeps
 from tasks.config import Config, ConfigError, inapplicable_settings, parse_config
 from tasks.diagnostics import forgetting_dispersion, pca_scatter_png, resurfacing_summary, rollback_tendency
 from tasks.plugins import specs_to_json
-from tasks.validity import validity
+from tasks.validity import constant_output, validity
 
 log = logging.getLogger("fedunlearn")
 
@@ -108,16 +108,33 @@ class Experiment:
     def fedavg(self, arrays: ArrayRecord, role: str, rounds: int, label: str, *, plugins: list[dict] = (),
                seed_offset: int = 0, after_round=None, last_round_config: dict | None = None,
                on_replies=None, aggregate=None, extra_config: dict | None = None,
-               measure_received: ReceivedModelMeasure | None = None, round_lr=None) -> ArrayRecord:
+               measure_received: ReceivedModelMeasure | None = None, round_lr=None, collapsed=None) -> ArrayRecord:
         """``rounds`` of FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged);
-        ``extra_config`` adds entries to every round's ``train`` config, ``round_lr(r)`` sets round r's lr."""
+        ``extra_config`` adds entries to every round's ``train`` config, ``round_lr(r)`` sets round r's
+        lr, ``collapsed`` (:meth:`collapse_check`) redoes a round whose model collapsed."""
         strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"],
                               seed=self.cfg["seed"] + seed_offset)
         return run_rounds(self.fed, strategy, arrays, rounds=rounds,
                           config=self.train_config(plugins=specs_to_json(list(plugins)), **(extra_config or {})),
                           label=label, method=self.cfg["method"], after_round=after_round,
                           last_round_config=last_round_config, on_replies=on_replies, aggregate=aggregate,
-                          measure_received=measure_received, round_lr=round_lr)
+                          measure_received=measure_received, round_lr=round_lr, collapsed=collapsed)
+
+    def collapse_check(self):
+        """``collapsed(arrays)`` for ``run_rounds``: does the plug-in-free model answer every one of the
+        task's probe inputs alike (``tasks.validity.constant_output``)? ``None`` for a task without
+        probe inputs. Its model and inputs are made outside the global torch RNG, so nothing drawn from
+        it later sees the check: a run whose models never collapse is the same as without it."""
+        with torch.random.fork_rng(devices=[]):
+            inputs = self.cfg.task.probe_inputs(self.cfg)
+            if inputs is None:
+                return None
+            model = self.cfg.task.server_model(self.cfg, [])
+
+        def collapsed(arrays: ArrayRecord) -> bool:
+            model.load_state_dict(arrays.to_torch_state_dict())
+            return constant_output(model, inputs)
+        return collapsed
 
     def fresh_model(self) -> ArrayRecord:
         """The starting weights of the original and the retrain oracle, seeded by ``init-seed``."""
@@ -155,7 +172,8 @@ class Experiment:
                                  aggregate=self.method.pretraining_aggregate(self.cfg) if kind == "original" else None,
                                  extra_config=self.method.pretraining_config(self.cfg, self.model_ids[kind])
                                  if kind == "original" else None,
-                                 round_lr=scheduled_lr(self.cfg["lr-schedule"], self.cfg["lr"], rounds))
+                                 round_lr=scheduled_lr(self.cfg["lr-schedule"], self.cfg["lr"], rounds),
+                                 collapsed=self.collapse_check())
             cost.seconds += time.perf_counter() - started
             self.built_cost[kind] = cost.as_dict()
             if recorder is not None:

@@ -15,7 +15,7 @@ from server_app.experiment import Experiment
 from server_app.inprocess import InProcessGrid
 from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite
 from strategies.common.federation import Federation
-from tasks.validity import nonfinite_tensors, validity
+from tasks.validity import constant_output, nonfinite_tensors, validity
 
 GOOD_ORIGINAL = {"test_acc": 0.93, "forget_acc": 0.66}
 RETRAIN = {"test_acc": 0.95, "forget_acc": 0.07}
@@ -134,6 +134,78 @@ def test_diverged_continued_training_ends_the_curve_and_is_flagged(tmp_path, mon
         row = next(csv.DictReader(handle))
     assert "continued_finite" in row["validity_failed"]
     assert row["ct_kr"] in ("", "nan") and row["rr"] in ("", "nan")  # no number from the dead model
+
+
+def test_constant_output_tells_a_dead_network_from_a_live_one():
+    from tasks.registry import task_for
+
+    task = task_for("digits-lenet5")
+    model = task.build_model(seed=3)
+    inputs = task.probe_inputs({"seed": 3})
+    assert not constant_output(model, inputs)
+    with torch.no_grad():  # every unit of the last hidden ReLU layer dead: the head's bias for all
+        model.features[10].weight.zero_()
+        model.features[10].bias.fill_(-1.0)
+    assert constant_output(model, inputs)
+
+
+def _killing_round(rounds: set[tuple[str, int]], attempts: int):
+    """``aggregate_train`` that zeroes the original's last hidden layer (a dead network) in the first
+    ``attempts`` plays of each (phase, round) of ``rounds``, and a record of every play's lr."""
+    original_aggregate, original_configure = RoleFedAvg.aggregate_train, RoleFedAvg.configure_train
+    plays: dict[tuple[str, int], list[float]] = {}
+
+    def configure(self, server_round, arrays, config, grid):
+        plays.setdefault((self.fed.phase, server_round), []).append(float(config["lr"]))
+        return original_configure(self, server_round, arrays, config, grid)
+
+    def aggregate(self, server_round, replies):
+        arrays, metrics = original_aggregate(self, server_round, replies)
+        key = (self.fed.phase, server_round)
+        if key in rounds and len(plays[key]) <= attempts:
+            state = arrays.to_torch_state_dict()
+            state["features.10.weight"].zero_()
+            state["features.10.bias"].fill_(-1.0)
+            arrays = ArrayRecord(state)
+        return arrays, metrics
+
+    return configure, aggregate, plays
+
+
+def test_a_collapsed_round_is_played_again_with_half_the_lr_and_said_in_results(tmp_path, monkeypatch):
+    configure, aggregate, plays = _killing_round({("pretrain", 1), ("retrain", 2)}, attempts=1)
+    monkeypatch.setattr(RoleFedAvg, "configure_train", configure)
+    monkeypatch.setattr(RoleFedAvg, "aggregate_train", aggregate)
+    results = run(tmp_path, method="none", scenario="class", lr=0.04)
+    assert plays[("pretrain", 1)] == [0.04, 0.02] and plays[("pretrain", 2)] == [0.04]
+    assert plays[("retrain", 2)] == [0.04, 0.02]
+    pretrain, retrain = results["cost"]["pretrain"], results["cost"]["retrain"]
+    assert pretrain["redone"] == [{"round": 1, "lr": 0.02}] and pretrain["rounds"] == 3
+    assert retrain["redone"] == [{"round": 2, "lr": 0.02}]
+    assert "redone" not in results["cost"]["continue"]
+    assert results["validity"]["original_valid"], results["validity"]["reasons"]
+
+
+def test_a_round_still_collapsed_after_the_last_redo_is_kept_with_a_warning_and_flagged(tmp_path, monkeypatch,
+                                                                                         caplog):
+    configure, aggregate, plays = _killing_round({("pretrain", 2)}, attempts=99)
+    monkeypatch.setattr(RoleFedAvg, "configure_train", configure)
+    monkeypatch.setattr(RoleFedAvg, "aggregate_train", aggregate)
+    results = run(tmp_path, method="none", scenario="class", lr=0.04)
+    assert plays[("pretrain", 2)] == [0.04, 0.02, 0.01, 0.005]
+    assert [r["lr"] for r in results["cost"]["pretrain"]["redone"]] == [0.02, 0.01, 0.005]
+    assert "round 2: the model is still collapsed after 3 redos" in caplog.text
+    assert "original_usable" in results["validity"]["failed"]
+
+
+def test_the_collapse_check_leaves_a_run_without_collapse_as_it_was(tmp_path, monkeypatch):
+    """A run whose models never collapse gives the same metrics with the check as without it (the
+    probe model is seeded by ``seed``, the original by another ``init-seed``)."""
+    with_check = run(tmp_path / "a", method="fedup", scenario="class", **{"init-seed": 5})
+    monkeypatch.setattr(Experiment, "collapse_check", lambda self: None)
+    without = run(tmp_path / "b", method="fedup", scenario="class", **{"init-seed": 5})
+    assert with_check["models"] == without["models"]
+    assert with_check["resurfacing"] == without["resurfacing"]
 
 
 def _benchmark_module(name: str = "robustness_grid"):

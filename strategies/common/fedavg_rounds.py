@@ -120,6 +120,9 @@ def _mean_loss(replies: list[Message]) -> dict:
     return {"loss": sum(loss * n for loss, n in pairs) / total} if total else {}
 
 
+COLLAPSE_REDOS = 3
+
+
 def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, rounds: int,
                config: ConfigRecord, label: str, method: str,
                after_round: Callable[[int, ArrayRecord], None] | None = None,
@@ -127,7 +130,8 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
                on_replies: Callable[[int, ArrayRecord, list[Message]], None] | None = None,
                aggregate: Callable[[list[Message]], ArrayRecord] | None = None,
                first_round: int = 1, measure_received=None,
-               round_lr: Callable[[int], float] | None = None) -> ArrayRecord:
+               round_lr: Callable[[int], float] | None = None,
+               collapsed: Callable[[ArrayRecord], bool] | None = None) -> ArrayRecord:
     """``rounds`` rounds of configure -> exchange -> aggregate, numbered from ``first_round`` (a
     method that replays pretraining's later rounds keeps their numbers, hence their seeds); logs
     progress with an ETA.
@@ -136,14 +140,26 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
     method in the error). ``after_round(r, arrays)`` runs after each round (used to measure
     forgetting per round); ``last_round_config`` adds keys to the last round's config only
     (pretraining asks the clients to keep their last local model); ``on_replies(r, sent, replies)``
-    sees each round's global model and the valid client replies (pretraining's update history);
-    ``aggregate(replies)``, when given, makes the round's model instead of FedAvg's own (a method
-    that trains its own original, e.g. Exact-Fun's quantised FedAvg). ``measure_received``, when
-    given, measures each round's model inside the next round (``attach(messages, arrays)`` adds
-    to a round's messages, ``collect(replies)`` takes its share of the replies and returns the
-    training replies): continued training's KR curve without an evaluation round between rounds.
-    ``round_lr(r)``, when given, is round r's client ``lr`` (:func:`scheduled_lr`).
+    sees each round's global model and the client replies of the round's kept model (pretraining's
+    update history); ``aggregate(replies)``, when given, makes the round's model instead of FedAvg's
+    own (a method that trains its own original, e.g. Exact-Fun's quantised FedAvg).
+    ``measure_received``, when given, measures each round's model inside the next round
+    (``attach(messages, arrays)`` adds to a round's messages, ``collect(replies)`` takes its share
+    of the replies and returns the training replies): continued training's KR curve without an
+    evaluation round between rounds. ``round_lr(r)``, when given, is round r's client ``lr``
+    (:func:`scheduled_lr`).
+
+    ``collapsed(arrays)``, when given, judges each aggregated model (``Task.probe_inputs``); a
+    collapsed one is not kept: the round is played again from the same model with the clients'
+    ``lr`` halved, up to :data:`COLLAPSE_REDOS` times (the clients' seeds are the round's, so the
+    same lr would collapse again), and the phase's cost lists each redo (``redone``). A model still
+    collapsed after the last redo is kept with a warning; the validity checks flag it. The rounds
+    that build the original and the retrain oracle pass it: one client's local run blowing up
+    (measured: step loss 2e3 nats at 7 clients, alpha 0.1) otherwise leaves a dead network that the
+    rounds after it never revive. A run in which no model collapses is the same as without it.
     """
+    if collapsed is not None and "lr" not in dict(config):
+        raise ValueError("run_rounds(collapsed=...) needs the clients' 'lr' in config to redo a round")
     started = time.perf_counter()
     cost = fed.cost(fed.phase)
     last = first_round + rounds - 1
@@ -152,25 +168,27 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
             if server_round == last and last_round_config else config
         if round_lr is not None:
             round_config = ConfigRecord({**dict(round_config), "lr": round_lr(server_round)})
-        messages = list(strategy.configure_train(server_round, arrays, round_config, fed.grid))
-        measuring = measure_received is not None and server_round > first_round
-        if measuring:
-            messages += measure_received.attach(messages, arrays)
-        replies = fed.exchange(messages, round_no=server_round)
-        if measuring:
-            replies = measure_received.collect(replies)
+        for redo in range(COLLAPSE_REDOS + 1):
+            if redo:
+                lr = float(round_config["lr"]) * 0.5 ** redo
+                log.warning("[%s] round %d: the aggregated model collapsed (the same output for every probe "
+                            "input); playing the round again with lr %.4g", label, server_round, lr)
+                cost.redone.append({"round": server_round, "lr": lr})
+                sent_config = ConfigRecord({**dict(round_config), "lr": lr})
+            else:
+                sent_config = round_config
+            new_arrays, metrics, replies = _play_round(
+                fed, strategy, arrays, sent_config, server_round, method=method, aggregate=aggregate,
+                measure_received=measure_received if redo == 0 and server_round > first_round else None)
+            cost.rounds += 1
+            if collapsed is None or not collapsed(new_arrays):
+                break
+        else:
+            log.warning("[%s] round %d: the model is still collapsed after %d redos; kept (the validity "
+                        "checks flag it)", label, server_round, COLLAPSE_REDOS)
         if on_replies is not None:
             on_replies(server_round, arrays, replies)
-        if aggregate is None:
-            new_arrays, metrics = strategy.aggregate_train(server_round, replies)
-        else:
-            new_arrays, metrics = aggregate(replies), _mean_loss(replies)
-        if new_arrays is None:
-            raise RuntimeError(f"phase '{fed.phase}' round {server_round}: aggregation produced no model")
-        new_arrays = with_untrained(new_arrays, arrays)
-        require_finite(new_arrays, phase=fed.phase, round_no=server_round, method=method, last_finite=arrays)
         arrays = new_arrays
-        cost.rounds += 1
         if after_round is not None:
             after_round(server_round, arrays)
         elapsed = time.perf_counter() - started
@@ -179,3 +197,24 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
         log.info("[%s] round %d/%d  loss %.4f  elapsed %.1fs  eta %.1fs", label, server_round, last,
                  loss, elapsed, elapsed / done * (rounds - done))
     return arrays
+
+
+def _play_round(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, config: ConfigRecord,
+                server_round: int, *, method: str, aggregate, measure_received) -> tuple[ArrayRecord, dict, list]:
+    """One configure -> exchange -> aggregate from ``arrays``: the finite aggregated model (else
+    :class:`ModelDiverged`), its metrics and the training replies."""
+    messages = list(strategy.configure_train(server_round, arrays, config, fed.grid))
+    if measure_received is not None:
+        messages += measure_received.attach(messages, arrays)
+    replies = fed.exchange(messages, round_no=server_round)
+    if measure_received is not None:
+        replies = measure_received.collect(replies)
+    if aggregate is None:
+        new_arrays, metrics = strategy.aggregate_train(server_round, replies)
+    else:
+        new_arrays, metrics = aggregate(replies), _mean_loss(replies)
+    if new_arrays is None:
+        raise RuntimeError(f"phase '{fed.phase}' round {server_round}: aggregation produced no model")
+    new_arrays = with_untrained(new_arrays, arrays)
+    require_finite(new_arrays, phase=fed.phase, round_no=server_round, method=method, last_finite=arrays)
+    return new_arrays, metrics, replies

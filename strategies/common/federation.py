@@ -41,18 +41,22 @@ class RoundFailed(RunStopped):
 class PhaseCost:
     """What one phase spent: wall seconds and rounds (set by whoever runs the phase), the bytes
     sent to clients (down) and received from them (up), and the replies it lost, counted here.
-    ``degraded``: some node's work is missing from the phase's result."""
+    ``degraded``: some node's work is missing from the phase's result. ``redone``: the rounds played
+    again because their model collapsed (``run_rounds``), each with the lr it was played with;
+    listed only where there is one, so a phase that redid nothing reads as it did before."""
 
     seconds: float = 0.0
     rounds: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
     failures: list[dict] = field(default_factory=list)
+    redone: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"seconds": round(self.seconds, 3), "rounds": self.rounds,
                 "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
-                "failures": [dict(f) for f in self.failures], "degraded": bool(self.failures)}
+                "failures": [dict(f) for f in self.failures], "degraded": bool(self.failures),
+                **({"redone": [dict(r) for r in self.redone]} if self.redone else {})}
 
 
 @dataclass

@@ -74,8 +74,8 @@ class Task:
 
     def probe_inputs(self, cfg: Config):
         """Seeded inputs of the server model's input form, on which a live model's outputs differ
-        (``tasks.validity.constant_output``: the FedAvg rounds that build the original and the
-        retrain oracle redo a round whose model answers them all alike); ``None``: no probe."""
+        (``tasks.validity.constant_output``: the FedAvg rounds of the original, the retrain oracle
+        and continued training redo a round whose model answers them all alike); ``None``: no probe."""
         return None
 
     def pool_metrics(self, cfg: Config, per_client: list[dict]) -> dict:

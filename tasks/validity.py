@@ -24,7 +24,8 @@ takes its place and the chance bound is skipped):
   knowledge the oracle does not, so forgetting it is measurable (RR's denominator, eq. 5 of Lethe).
 - ``unlearned_utility``: the unlearned model's test accuracy is at most ``UTILITY_TOLERANCE``
   (0.05) below retrain's.
-- ``continued_finite``: continued training never produced a non-finite model.
+- ``continued_finite``: continued training never produced a non-finite model, nor one that stayed
+  collapsed after its redos (``run_rounds``); the name predates the collapse check.
 
 The first four say whether the *cell* (the original of a request and its reference) is valid; the
 last two judge the method's outcome. ``original_valid`` is the conjunction of the first four.
@@ -110,7 +111,7 @@ def validity(*, original: Mapping, unlearned: Mapping | None, retrain: Mapping, 
             reasons["unlearned_utility"] = (f"the unlearned model's test accuracy {un_u:.3f} is more than "
                                             f"{UTILITY_TOLERANCE} below retrain's {re_u:.3f}")
     if diverged_at_round is not None:
-        reasons["continued_finite"] = f"continued training diverged (non-finite model) at round {diverged_at_round}"
+        reasons["continued_finite"] = f"continued training diverged (non-finite or collapsed model) at round {diverged_at_round}"
     names = ORIGINAL_CHECKS + ("unlearned_utility", "continued_finite")
     return {
         "checks": {name: name not in reasons for name in names},

@@ -173,17 +173,31 @@ def _killing_round(rounds: set[tuple[str, int]], attempts: int):
 
 
 def test_a_collapsed_round_is_played_again_with_half_the_lr_and_said_in_results(tmp_path, monkeypatch):
-    configure, aggregate, plays = _killing_round({("pretrain", 1), ("retrain", 2)}, attempts=1)
+    configure, aggregate, plays = _killing_round({("pretrain", 1), ("retrain", 2), ("continue", 2)}, attempts=1)
     monkeypatch.setattr(RoleFedAvg, "configure_train", configure)
     monkeypatch.setattr(RoleFedAvg, "aggregate_train", aggregate)
     results = run(tmp_path, method="none", scenario="class", lr=0.04)
     assert plays[("pretrain", 1)] == [0.04, 0.02] and plays[("pretrain", 2)] == [0.04]
-    assert plays[("retrain", 2)] == [0.04, 0.02]
-    pretrain, retrain = results["cost"]["pretrain"], results["cost"]["retrain"]
-    assert pretrain["redone"] == [{"round": 1, "lr": 0.02}] and pretrain["rounds"] == 3
-    assert retrain["redone"] == [{"round": 2, "lr": 0.02}]
-    assert "redone" not in results["cost"]["continue"]
+    assert plays[("retrain", 2)] == [0.04, 0.02] and plays[("continue", 2)] == [0.04, 0.02]
+    cost = results["cost"]
+    assert cost["pretrain"]["redone"] == [{"round": 1, "lr": 0.02}] and cost["pretrain"]["rounds"] == 3
+    assert cost["retrain"]["redone"] == [{"round": 2, "lr": 0.02}]
+    assert cost["continue"]["redone"] == [{"round": 2, "lr": 0.02}] and "redone" not in cost["unlearn"]
     assert results["validity"]["original_valid"], results["validity"]["reasons"]
+    assert "continued_finite" not in results["validity"]["failed"]
+    assert len(results["resurfacing"]["kr_curve"]) == TINY["continue-rounds"]
+
+
+def test_continued_training_still_collapsed_after_the_redos_ends_the_curve_and_is_flagged(tmp_path, monkeypatch):
+    configure, aggregate, plays = _killing_round({("continue", 2)}, attempts=99)
+    monkeypatch.setattr(RoleFedAvg, "configure_train", configure)
+    monkeypatch.setattr(RoleFedAvg, "aggregate_train", aggregate)
+    results = run(tmp_path, method="none", scenario="class", lr=0.04)
+    assert plays[("continue", 2)] == [0.04, 0.02, 0.01, 0.005]
+    res = results["resurfacing"]
+    assert res["diverged_at_round"] == 2 and len(res["kr_curve"]) == 1 and res["ct_kr"] is None
+    assert "continued_finite" in results["validity"]["failed"]
+    assert "continued training diverged (non-finite or collapsed model) at round 2" in results["validity"]["reasons"]
 
 
 def test_a_round_still_collapsed_after_the_last_redo_is_kept_with_a_warning_and_flagged(tmp_path, monkeypatch,
@@ -202,7 +216,7 @@ def test_the_collapse_check_leaves_a_run_without_collapse_as_it_was(tmp_path, mo
     """A run whose models never collapse gives the same metrics with the check as without it (the
     probe model is seeded by ``seed``, the original by another ``init-seed``)."""
     with_check = run(tmp_path / "a", method="fedup", scenario="class", **{"init-seed": 5})
-    monkeypatch.setattr(Experiment, "collapse_check", lambda self: None)
+    monkeypatch.setattr(Experiment, "collapse_check", lambda self, plugins=(): None)
     without = run(tmp_path / "b", method="fedup", scenario="class", **{"init-seed": 5})
     assert with_check["models"] == without["models"]
     assert with_check["resurfacing"] == without["resurfacing"]

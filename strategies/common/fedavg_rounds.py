@@ -131,7 +131,7 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
                aggregate: Callable[[list[Message]], ArrayRecord] | None = None,
                first_round: int = 1, measure_received=None,
                round_lr: Callable[[int], float] | None = None,
-               collapsed: Callable[[ArrayRecord], bool] | None = None) -> ArrayRecord:
+               collapsed: Callable[[ArrayRecord], bool] | None = None, keep_collapsed: bool = True) -> ArrayRecord:
     """``rounds`` rounds of configure -> exchange -> aggregate, numbered from ``first_round`` (a
     method that replays pretraining's later rounds keeps their numbers, hence their seeds); logs
     progress with an ETA.
@@ -153,10 +153,12 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
     collapsed one is not kept: the round is played again from the same model with the clients'
     ``lr`` halved, up to :data:`COLLAPSE_REDOS` times (the clients' seeds are the round's, so the
     same lr would collapse again), and the phase's cost lists each redo (``redone``). A model still
-    collapsed after the last redo is kept with a warning; the validity checks flag it. The rounds
-    that build the original and the retrain oracle pass it: one client's local run blowing up
-    (measured: step loss 2e3 nats at 7 clients, alpha 0.1) otherwise leaves a dead network that the
-    rounds after it never revive. A run in which no model collapses is the same as without it.
+    collapsed after the last redo is kept with a warning where ``keep_collapsed`` (the original and
+    the retrain oracle: the validity checks flag it), else it ends the phase with
+    :class:`ModelDiverged` (continued training: its curve ends there, as for a non-finite model).
+    One client's local run blowing up (measured: step loss 2e3 nats at 7 clients, alpha 0.1)
+    otherwise leaves a dead network that the rounds after it never revive. A run in which no model
+    collapses is the same as without it.
     """
     if collapsed is not None and "lr" not in dict(config):
         raise ValueError("run_rounds(collapsed=...) needs the clients' 'lr' in config to redo a round")
@@ -184,6 +186,10 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
             if collapsed is None or not collapsed(new_arrays):
                 break
         else:
+            if not keep_collapsed:
+                raise ModelDiverged(f"phase '{fed.phase}' round {server_round} (method '{method}'): the model "
+                                    f"collapsed (the same output for every probe input) after {COLLAPSE_REDOS} "
+                                    "redos with a halved lr", round_no=server_round, last_finite=arrays)
             log.warning("[%s] round %d: the model is still collapsed after %d redos; kept (the validity "
                         "checks flag it)", label, server_round, COLLAPSE_REDOS)
         if on_replies is not None:

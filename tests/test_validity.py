@@ -439,3 +439,4 @@ def test_request_check_names_a_destroyed_a_weak_and_an_unlearned_original(tmp_pa
     row = check.check(3, 3, 1.0, 3, {"smoke": True}, str(tmp_path), 0.03)
     assert row["init_seed"] == 3 and 0.0 <= row["test_acc"] <= 1.0 and 0.0 <= row["clean_test_acc"] <= 1.0
     assert row["target_rate"] is not None and row["verdict"] in ("ok", "not learned", "below clean", "destroyed")
+    assert row["redone"] == row["clean_redone"] == 0  # nothing collapsed in this tiny run

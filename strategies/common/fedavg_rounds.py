@@ -120,6 +120,7 @@ def _mean_loss(replies: list[Message]) -> dict:
     return {"loss": sum(loss * n for loss, n in pairs) / total} if total else {}
 
 
+#: how many times ``run_rounds`` plays a collapsed round again, halving the clients' lr each time
 COLLAPSE_REDOS = 3
 
 

@@ -108,12 +108,10 @@ class Experiment:
     def fedavg(self, arrays: ArrayRecord, role: str, rounds: int, label: str, *, plugins: list[dict] = (),
                seed_offset: int = 0, after_round=None, last_round_config: dict | None = None,
                on_replies=None, aggregate=None, extra_config: dict | None = None,
-               measure_received: ReceivedModelMeasure | None = None, round_lr=None,
-               keep_collapsed: bool = True) -> ArrayRecord:
+               measure_received: ReceivedModelMeasure | None = None, round_lr=None) -> ArrayRecord:
         """``rounds`` of FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged);
         ``extra_config`` adds entries to every round's ``train`` config, ``round_lr(r)`` sets round r's
-        lr. A round whose model collapsed (:meth:`collapse_check`) is played again; one still collapsed
-        after the redos is kept (``keep_collapsed``) or ends the phase (``run_rounds``)."""
+        lr. A round whose model looks collapsed (:meth:`collapse_check`) is played again (``run_rounds``)."""
         strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"],
                               seed=self.cfg["seed"] + seed_offset)
         return run_rounds(self.fed, strategy, arrays, rounds=rounds,
@@ -121,12 +119,14 @@ class Experiment:
                           label=label, method=self.cfg["method"], after_round=after_round,
                           last_round_config=last_round_config, on_replies=on_replies, aggregate=aggregate,
                           measure_received=measure_received, round_lr=round_lr,
-                          collapsed=self.collapse_check(plugins), keep_collapsed=keep_collapsed)
+                          collapsed=self.collapse_check(plugins))
 
     def collapse_check(self, plugins: list[dict] = ()):
         """``collapsed(arrays)`` for ``run_rounds``: does the model with ``plugins`` answer every one of
-        the task's probe inputs alike (``tasks.validity.constant_output``)? ``None`` for a task without
-        probe inputs. Its model and inputs are made outside the global torch RNG, so nothing drawn from
+        the task's probe inputs alike (``tasks.validity.constant_output``)? A proxy: the server holds
+        no data, and noise is not data (``docs/lethe-log.md``, "A collapsed FedAvg round is played
+        again", says how often it flags a model that still works). ``None`` for a task without probe
+        inputs. Its model and inputs are made outside the global torch RNG, so nothing drawn from
         it later sees the check: a run whose models never collapse is the same as without it."""
         with torch.random.fork_rng(devices=[]):
             inputs = self.cfg.task.probe_inputs(self.cfg)
@@ -236,8 +236,8 @@ class Experiment:
         process per node). The last model is ``None`` when there were no rounds or training
         diverged. Also returns the KR curve of the rounds before the last, the state after every
         round (for RT) and the round at which training diverged (``None`` if it did not). A round
-        that produces a non-finite model, or one still collapsed after its redos, ends the curve
-        there: the curve holds the rounds before it, so no figure is ever computed from a dead model.
+        that produces a non-finite model ends the curve there: the curve holds the rounds before
+        it, so no figure is ever computed from a dead model.
         """
         cost = self.fed.start_phase("continue")
         started, states, last = time.perf_counter(), [], []
@@ -251,7 +251,7 @@ class Experiment:
         diverged_at = None
         try:
             self.fedavg(start.arrays, "retain", rounds, "continue", plugins=start.plugins, seed_offset=1,
-                        after_round=keep, measure_received=measure, keep_collapsed=False,
+                        after_round=keep, measure_received=measure,
                         extra_config={"scope": "base"} if start.plugins and self.cfg["continue-plugins"] == "frozen"
                         else None)
         except ModelDiverged as err:

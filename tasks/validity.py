@@ -24,8 +24,7 @@ takes its place and the chance bound is skipped):
   knowledge the oracle does not, so forgetting it is measurable (RR's denominator, eq. 5 of Lethe).
 - ``unlearned_utility``: the unlearned model's test accuracy is at most ``UTILITY_TOLERANCE``
   (0.05) below retrain's.
-- ``continued_finite``: continued training never produced a non-finite model, nor one that stayed
-  collapsed after its redos (``run_rounds``); the name predates the collapse check.
+- ``continued_finite``: continued training never produced a non-finite model.
 
 The first four say whether the *cell* (the original of a request and its reference) is valid; the
 last two judge the method's outcome. ``original_valid`` is the conjunction of the first four.
@@ -53,13 +52,13 @@ def nonfinite_tensors(state: Mapping[str, torch.Tensor]) -> list[str]:
 
 @torch.no_grad()
 def constant_output(model: torch.nn.Module, inputs: torch.Tensor, tolerance: float = 1e-6) -> bool:
-    """Does ``model`` give the same outputs for every row of ``inputs``? A collapsed network does:
-    once every unit of some ReLU layer is dead, each input's logits are that layer's bias carried
-    forward, the same for all. Measured on digits (7 clients, alpha 0.1, seed 104): an original
-    whose largest client's local run blew up (step loss 2e3 nats) answered the backdoor target for
-    every test image, with logits equal to the last bit on real images and on uniform noise alike.
-    A live model's outputs differ across inputs, so this never fires on one; ``tolerance`` is
-    relative to the largest logit."""
+    """Does ``model`` give the same outputs for every row of ``inputs``? A network whose units of
+    some ReLU layer are all dead does, for any inputs: each one's logits are that layer's bias
+    carried forward. Measured on digits (7 clients, alpha 0.1, seed 104): an original whose largest
+    client's local run blew up (step loss 2e3 nats) answered every test image and every noise image
+    with the same logits, to the last bit. The converse does not hold: a model may answer noise
+    alike and still tell the data apart (``run_rounds`` allows for it). ``tolerance`` is relative
+    to the largest logit."""
     was_training = model.training
     model.eval()
     try:
@@ -111,7 +110,7 @@ def validity(*, original: Mapping, unlearned: Mapping | None, retrain: Mapping, 
             reasons["unlearned_utility"] = (f"the unlearned model's test accuracy {un_u:.3f} is more than "
                                             f"{UTILITY_TOLERANCE} below retrain's {re_u:.3f}")
     if diverged_at_round is not None:
-        reasons["continued_finite"] = f"continued training diverged (non-finite or collapsed model) at round {diverged_at_round}"
+        reasons["continued_finite"] = f"continued training diverged (non-finite model) at round {diverged_at_round}"
     names = ORIGINAL_CHECKS + ("unlearned_utility", "continued_finite")
     return {
         "checks": {name: name not in reasons for name in names},

@@ -180,35 +180,24 @@ def test_a_collapsed_round_is_played_again_with_half_the_lr_and_said_in_results(
     assert plays[("pretrain", 1)] == [0.04, 0.02] and plays[("pretrain", 2)] == [0.04]
     assert plays[("retrain", 2)] == [0.04, 0.02] and plays[("continue", 2)] == [0.04, 0.02]
     cost = results["cost"]
-    assert cost["pretrain"]["redone"] == [{"round": 1, "lr": 0.02}] and cost["pretrain"]["rounds"] == 3
-    assert cost["retrain"]["redone"] == [{"round": 2, "lr": 0.02}]
-    assert cost["continue"]["redone"] == [{"round": 2, "lr": 0.02}] and "redone" not in cost["unlearn"]
+    assert cost["pretrain"]["redone"] == [{"round": 1, "lr": 0.02, "kept": True}] and cost["pretrain"]["rounds"] == 3
+    assert cost["retrain"]["redone"] == [{"round": 2, "lr": 0.02, "kept": True}]
+    assert cost["continue"]["redone"] == [{"round": 2, "lr": 0.02, "kept": True}] and "redone" not in cost["unlearn"]
     assert results["validity"]["original_valid"], results["validity"]["reasons"]
-    assert "continued_finite" not in results["validity"]["failed"]
     assert len(results["resurfacing"]["kr_curve"]) == TINY["continue-rounds"]
 
 
-def test_continued_training_still_collapsed_after_the_redos_ends_the_curve_and_is_flagged(tmp_path, monkeypatch):
-    configure, aggregate, plays = _killing_round({("continue", 2)}, attempts=99)
-    monkeypatch.setattr(RoleFedAvg, "configure_train", configure)
-    monkeypatch.setattr(RoleFedAvg, "aggregate_train", aggregate)
-    results = run(tmp_path, method="none", scenario="class", lr=0.04)
-    assert plays[("continue", 2)] == [0.04, 0.02, 0.01, 0.005]
-    res = results["resurfacing"]
-    assert res["diverged_at_round"] == 2 and len(res["kr_curve"]) == 1 and res["ct_kr"] is None
-    assert "continued_finite" in results["validity"]["failed"]
-    assert "continued training diverged (non-finite or collapsed model) at round 2" in results["validity"]["reasons"]
-
-
-def test_a_round_still_collapsed_after_the_last_redo_is_kept_with_a_warning_and_flagged(tmp_path, monkeypatch,
-                                                                                         caplog):
+def test_a_round_flagged_at_every_lr_keeps_fedavgs_own_model(tmp_path, monkeypatch, caplog):
+    """Every play of pretraining round 2 is flagged: after lr/2, lr/4 and lr/8 the round is played
+    once more at its own lr and that model is kept (here the killed one, so the original is flagged)."""
     configure, aggregate, plays = _killing_round({("pretrain", 2)}, attempts=99)
     monkeypatch.setattr(RoleFedAvg, "configure_train", configure)
     monkeypatch.setattr(RoleFedAvg, "aggregate_train", aggregate)
     results = run(tmp_path, method="none", scenario="class", lr=0.04)
-    assert plays[("pretrain", 2)] == [0.04, 0.02, 0.01, 0.005]
-    assert [r["lr"] for r in results["cost"]["pretrain"]["redone"]] == [0.02, 0.01, 0.005]
-    assert "round 2: the model is still collapsed after 3 redos" in caplog.text
+    assert plays[("pretrain", 2)] == [0.04, 0.02, 0.01, 0.005, 0.04]
+    assert [(r["lr"], r["kept"]) for r in results["cost"]["pretrain"]["redone"]] == [
+        (0.02, False), (0.01, False), (0.005, False), (0.04, True)]
+    assert "every play looked so: FedAvg's own model is kept" in caplog.text
     assert "original_usable" in results["validity"]["failed"]
 
 

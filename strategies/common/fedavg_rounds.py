@@ -120,7 +120,7 @@ def _mean_loss(replies: list[Message]) -> dict:
     return {"loss": sum(loss * n for loss, n in pairs) / total} if total else {}
 
 
-#: how many times ``run_rounds`` plays a collapsed round again, halving the clients' lr each time
+#: how many times ``run_rounds`` plays a flagged round again, halving the clients' lr each time
 COLLAPSE_REDOS = 3
 
 
@@ -132,7 +132,7 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
                aggregate: Callable[[list[Message]], ArrayRecord] | None = None,
                first_round: int = 1, measure_received=None,
                round_lr: Callable[[int], float] | None = None,
-               collapsed: Callable[[ArrayRecord], bool] | None = None, keep_collapsed: bool = True) -> ArrayRecord:
+               collapsed: Callable[[ArrayRecord], bool] | None = None) -> ArrayRecord:
     """``rounds`` rounds of configure -> exchange -> aggregate, numbered from ``first_round`` (a
     method that replays pretraining's later rounds keeps their numbers, hence their seeds); logs
     progress with an ETA.
@@ -150,16 +150,15 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
     evaluation round between rounds. ``round_lr(r)``, when given, is round r's client ``lr``
     (:func:`scheduled_lr`).
 
-    ``collapsed(arrays)``, when given, judges each aggregated model (``Task.probe_inputs``); a
-    collapsed one is not kept: the round is played again from the same model with the clients'
-    ``lr`` halved, up to :data:`COLLAPSE_REDOS` times (the clients' seeds are the round's, so the
-    same lr would collapse again), and the phase's cost lists each redo (``redone``). A model still
-    collapsed after the last redo is kept with a warning where ``keep_collapsed`` (the original and
-    the retrain oracle: the validity checks flag it), else it ends the phase with
-    :class:`ModelDiverged` (continued training: its curve ends there, as for a non-finite model).
-    One client's local run blowing up (measured: step loss 2e3 nats at 7 clients, alpha 0.1)
-    otherwise leaves a dead network that the rounds after it never revive. A run in which no model
-    collapses is the same as without it.
+    ``collapsed(arrays)``, when given, flags an aggregated model that looks collapsed
+    (``Experiment.collapse_check``: the same output for every probe input). A flagged round is
+    played again from the same model with the clients' ``lr`` halved, up to :data:`COLLAPSE_REDOS`
+    times (the clients' seeds are the round's, so the same lr would give the same model), and the
+    first model not flagged is kept. If every play is flagged, the round is played once more at its
+    own lr and FedAvg's own model is kept: the flag then says more about the probe than about the
+    round (a model can answer noise alike and still work on the data). The phase's cost lists every
+    extra play (``redone``: round, lr, whether its model was kept). A run in which no model is
+    flagged is the same as without the check.
     """
     if collapsed is not None and "lr" not in dict(config):
         raise ValueError("run_rounds(collapsed=...) needs the clients' 'lr' in config to redo a round")
@@ -171,28 +170,24 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
             if server_round == last and last_round_config else config
         if round_lr is not None:
             round_config = ConfigRecord({**dict(round_config), "lr": round_lr(server_round)})
-        for redo in range(COLLAPSE_REDOS + 1):
-            if redo:
-                lr = float(round_config["lr"]) * 0.5 ** redo
-                log.warning("[%s] round %d: the aggregated model collapsed (the same output for every probe "
-                            "input); playing the round again with lr %.4g", label, server_round, lr)
-                cost.redone.append({"round": server_round, "lr": lr})
-                sent_config = ConfigRecord({**dict(round_config), "lr": lr})
-            else:
-                sent_config = round_config
+        lrs = [0.5 ** k for k in range(COLLAPSE_REDOS + 1)] + [1.0] if collapsed is not None else [1.0]
+        for play, scale in enumerate(lrs):
+            sent_config = round_config
+            if play:
+                sent_config = ConfigRecord({**dict(round_config), "lr": float(round_config["lr"]) * scale})
+                log.warning("[%s] round %d: the aggregated model looks collapsed (the same output for every "
+                            "probe input); playing the round again with lr %.4g%s", label, server_round,
+                            sent_config["lr"], " (every play looked so: FedAvg's own model is kept)"
+                            if play == len(lrs) - 1 else "")
             new_arrays, metrics, replies = _play_round(
                 fed, strategy, arrays, sent_config, server_round, method=method, aggregate=aggregate,
-                measure_received=measure_received if redo == 0 and server_round > first_round else None)
+                measure_received=measure_received if play == 0 and server_round > first_round else None)
             cost.rounds += 1
-            if collapsed is None or not collapsed(new_arrays):
+            final = play == len(lrs) - 1 or not collapsed(new_arrays)
+            if play:
+                cost.redone.append({"round": server_round, "lr": float(sent_config["lr"]), "kept": final})
+            if final:
                 break
-        else:
-            if not keep_collapsed:
-                raise ModelDiverged(f"phase '{fed.phase}' round {server_round} (method '{method}'): the model "
-                                    f"collapsed (the same output for every probe input) after {COLLAPSE_REDOS} "
-                                    "redos with a halved lr", round_no=server_round, last_finite=arrays)
-            log.warning("[%s] round %d: the model is still collapsed after %d redos; kept (the validity "
-                        "checks flag it)", label, server_round, COLLAPSE_REDOS)
         if on_replies is not None:
             on_replies(server_round, arrays, replies)
         arrays = new_arrays

@@ -9,9 +9,10 @@ scenario's original, which trains every client's data with its true labels (its 
 measured without ``forget-class``, the class scenario's own split). Per row: the request's
 original test accuracy and KR (``forget_acc``: the share of the forget set answered with the
 labels it was trained with), its target rate (backdoor requests), the clean original's test
-accuracy, how many rounds of each were played again because their model collapsed (``redone``,
-``clean_redone``: ``cost.pretrain.redone``, README Validity), and a verdict: ``destroyed`` (test accuracy below twice chance), ``below clean`` (more
-than ``--margin`` under the clean original), ``not learned`` (KR under 0.5), else ``ok``.
+accuracy, how many extra plays of rounds whose model looked collapsed each took (``redone``,
+``clean_redone``: ``cost.pretrain.redone``, README Validity), and a verdict: ``destroyed`` (test
+accuracy below twice chance), ``below clean`` (more than ``--margin`` under the clean original),
+``not learned`` (KR under 0.5), else ``ok``.
 
     python benchmarks/request_check.py --seeds 89,90 --shapes 10:0.5,7:0.1 --draws 2
 
@@ -40,7 +41,7 @@ COLUMNS = ("seed", "clients", "alpha", "init_seed", "test_acc", "kr", "target_ra
 
 def original_metrics(run_config: dict, clients: int) -> tuple[dict, int]:
     """The pooled metrics of ``run_config``'s original model (trained, or read from the cache) and how
-    many of its rounds were played again because their model collapsed."""
+    many extra plays of rounds whose model looked collapsed it took."""
     from server_app.evaluation import evaluate_models
     from server_app.experiment import Experiment
     from server_app.inprocess import InProcessGrid

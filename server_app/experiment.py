@@ -127,7 +127,7 @@ class Experiment:
         no data, and noise is not data (``docs/lethe-log.md``, "A collapsed FedAvg round is played
         again", says how often it flags a model that still works). ``None`` for a task without probe
         inputs. Its model and inputs are made outside the global torch RNG, so nothing drawn from
-        it later sees the check: a run whose models never collapse is the same as without it."""
+        it later sees the check: a run in which no model is flagged is the same as without it."""
         with torch.random.fork_rng(devices=[]):
             inputs = self.cfg.task.probe_inputs(self.cfg)
             if inputs is None:

@@ -41,8 +41,8 @@ class RoundFailed(RunStopped):
 class PhaseCost:
     """What one phase spent: wall seconds and rounds (set by whoever runs the phase), the bytes
     sent to clients (down) and received from them (up), and the replies it lost, counted here.
-    ``degraded``: some node's work is missing from the phase's result. ``redone``: the rounds played
-    again because their model collapsed (``run_rounds``), each with the lr it was played with;
+    ``degraded``: some node's work is missing from the phase's result. ``redone``: every extra play of
+    a round whose model looked collapsed (``run_rounds``): round, lr, whether its model was kept;
     listed only where there is one, so a phase that redid nothing reads as it did before."""
 
     seconds: float = 0.0

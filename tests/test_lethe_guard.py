@@ -472,6 +472,47 @@ def test_a_restore_that_diverges_is_run_again_from_one_rectification_step_earlie
     assert "restore_rolled_back_round" not in guard
 
 
+def restore_bounded(script, start_loss=0.02):
+    """Restore (two rounds, no extra round, no retry) held to the retained clients' ``start_loss`` on
+    the original + 0.5 (``lethe-max-retain-rise``)."""
+    cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 2,
+                        "lethe-restore-retries": 0, "lethe-restore-extra-rounds": 0})
+    fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
+    fed.start_phase("unlearn")
+    ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
+    lethe, guard = ScriptedLethe(script), {"action": "none", "start_retain_loss": start_loss}
+    state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
+    final = lethe.restore_within_bound(ctx, state, None, guard, [], start_loss)
+    return final["lin.weight"][0, 0].item(), guard, lethe.configs, cfg
+
+
+def test_a_restore_that_broke_utility_is_run_again_at_half_the_lr():
+    """Each restore reports 3 times (start, after step 1, after step 2, untrained) and keeps the model
+    after step 2. At the run's lr it keeps one the retained clients rate at 0.65 > 0.02 + 0.5 (seed 24,
+    7 clients alpha 0.1, sample, cosine schedule: 2.6 against 0.094); again from the same backbone at
+    half the lr (also the LLM task's llm-lr), 0.05: that restore is kept."""
+    weight, guard, configs, cfg = restore_bounded([(1.0, 0.2), (1.0, 0.6), (1.0, 0.65),
+                                                   (1.0, 0.2), (1.0, 0.1), (1.0, 0.05)])
+    assert weight == 2.0 and guard["restore_kept"] == 2 and guard["restore_losses"] == pytest.approx([0.2, 0.1, 0.05])
+    assert guard["restore_halvings"] == [{"lr_scale": 1.0, "retain_loss": pytest.approx(0.65), "kept": False},
+                                         {"lr_scale": 0.5, "retain_loss": pytest.approx(0.05), "kept": True}]
+    assert [c["lr"] for c in configs] == [cfg["lr"]] * 3 + [cfg["lr"] / 2] * 3
+    assert [c.get("llm-lr") for c in configs] == [None] * 3 + [cfg["llm-lr"] / 2] * 3
+    assert guard["action"] == "none" and guard["start_retain_loss"] == 0.02  # rectification's facts are kept
+    # within the bound at the run's lr: one restore, its messages as before the rule
+    weight, guard, configs, cfg = restore_bounded([(1.0, 0.2), (1.0, 0.4), (1.0, 0.45)])
+    assert "restore_halvings" not in guard and len(configs) == 3 and "llm-lr" not in configs[0]
+    # above the bound at every lr: the restore rated best is kept (then Lethe.unlearn judges the pass)
+    weight, guard, configs, cfg = restore_bounded([(1.0, 0.2), (1.0, 0.6), (1.0, 0.9), (1.0, 0.2), (1.0, 0.6),
+                                                   (1.0, 0.7), (1.0, 0.2), (1.0, 0.6), (1.0, 0.8)])
+    assert [h["lr_scale"] for h in guard["restore_halvings"]] == [1.0, 0.5, 0.25]
+    assert [h["kept"] for h in guard["restore_halvings"]] == [False, True, False]
+    assert guard["restore_losses"][guard["restore_kept"]] == pytest.approx(0.7)
+    # no start loss to hold it to (a task whose clients report none): restore runs once, as it was
+    weight, guard, configs, cfg = restore_bounded([(1.0, 0.2), (1.0, 0.6), (1.0, 0.9)], start_loss=None)
+    assert "restore_halvings" not in guard and len(configs) == 3
+
+
 def test_the_client_scenario_stops_where_the_backdoor_is_gone_not_beyond():
     """Client backdoor: the backbone's share of the leaving client's data predicted as the target falls
     0.6 -> 0.25 while 0.2 of its clean test data of the other classes is predicted as the target; at
@@ -502,8 +543,10 @@ class PassScriptedLethe(Lethe):
     def __init__(self, counts, guards=()):
         super().__init__()
         self.counts, self.guards, self.starts, self.offsets = list(counts), list(guards), [], []
+        self.start_losses = []  # the original's retained loss each pass was given
 
-    def one_pass(self, ctx):
+    def one_pass(self, ctx, start_loss=None):
+        self.start_losses.append(start_loss)
         self.starts.append(float(ctx.original.arrays.to_torch_state_dict()["lin.weight"][0, 0]))
         self.offsets.append(self.round_offset)
         k = len(self.starts)
@@ -582,6 +625,23 @@ def test_a_later_pass_that_broke_utility_is_never_kept(pass2_loss, kept):
     assert len(lethe.starts) == 2  # a broken pass ends the passes, though more were allowed
     assert len(details["forget_checks"]) == (1 if kept == 1 else 2)
     assert details["kept_still_knows"] is (kept == 1)  # pass 1 still predicts 0.86 of the forget set
+
+
+def test_a_first_pass_that_broke_utility_keeps_the_original(caplog):
+    """Pass 1's restore (after its halvings) kept a model rated 2.6 against the original's 0.094
+    (bound 0.594): the original model is returned, no check or further pass runs, and the log says
+    the request was not carried out. Within the bound, pass 1 is kept and its verdict recorded; a
+    later pass is held to the original's loss, not to its own start."""
+    guards = [{"start_retain_loss": 0.094, "restore_losses": [0.13, 1.1, 2.6], "restore_kept": 2}]
+    with caplog.at_level("WARNING", logger="fedunlearn"):
+        weight, details, lethe = verified([counts(50)], guards=guards)
+    assert weight == 0.0 and details["kept_pass"] == 0 and lethe.counts == [counts(50)]  # never checked
+    assert details["utility"] == {"retain_loss": 2.6, "bound": pytest.approx(0.594), "broken": True}
+    assert "the original model is kept and the request is not carried out" in caplog.text
+    guards = [{"start_retain_loss": 0.094, "restore_losses": [0.13, 1.1, 0.5], "restore_kept": 2},
+              {"start_retain_loss": 0.3, "restore_losses": [0.3, 0.2], "restore_kept": 1}]
+    weight, details, lethe = verified([counts(50), counts(0)], guards=guards)
+    assert weight == 2.0 and details["utility"]["broken"] is False and lethe.start_losses == [None, 0.094]
 
 
 def test_a_first_pass_that_forgot_is_kept_and_checked_once():

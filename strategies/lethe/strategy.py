@@ -188,12 +188,23 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         ``gamma_bounds``, ``rectify_guard`` and ``utility``, ``method.kept_pass`` the kept one, and
         ``method.kept_still_knows`` whether the kept model fails its check (then a warning says so: seed 11, 7
         clients alpha 0.1, client, on a later machine kept a pass 1 that still predicted 1.000 of the forget set
-        as the target, pass 2 having broken utility)."""
+        as the target, pass 2 having broken utility). Pass 1 is held to the same bound (``method.utility``):
+        where even its restores at a halved lr (:meth:`RestorePhase.restore_within_bound`) keep a model
+        above it, the original model is returned (``method.kept_pass`` 0), no further pass runs, and a
+        warning says the request was not carried out: a model that still holds the forget data is a
+        failed request the operator sees, a model that lost its utility would be a quiet one."""
         cfg = ctx.cfg
         self.round_offset = 0
         arrays, details = self.one_pass(ctx)
-        models, checks = [arrays], []
         start_loss = details["rectify_guard"].get("start_retain_loss")  # the retained clients' loss of the original
+        details["utility"] = pass_utility(details["rectify_guard"], start_loss, cfg["lethe-max-retain-rise"])
+        if details["utility"]["broken"]:
+            log.warning("[lethe] pass 1's restored model has a retained loss of %.3g against %.3g on the original "
+                        "(bound %.3g): the original model is kept and the request is not carried out",
+                        details["utility"]["retain_loss"], start_loss, details["utility"]["bound"])
+            details["kept_pass"] = 0
+            return UnlearnResult(ctx.original, details)
+        models, checks = [arrays], []
         while cfg["lethe-verify-passes"]:
             # numbered after restore's last round and the reports on its model
             check = self.still_known(ctx, arrays.to_torch_state_dict(), round_no=cfg["lethe-rectify-rounds"]
@@ -207,7 +218,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
                         "(at most %.3f allowed): pass %d from it", check["forget_acc"], check["bound"],
                         len(models) + 1)
             self.round_offset += cfg["lethe-rectify-rounds"] + cfg["lethe-restore-rounds"] + 3
-            arrays, more = self.one_pass(dataclasses.replace(ctx, original=ModelState(arrays)))
+            arrays, more = self.one_pass(dataclasses.replace(ctx, original=ModelState(arrays)), start_loss=start_loss)
             details.setdefault("passes", []).append(more)
             more["utility"] = pass_utility(more["rectify_guard"], start_loss, cfg["lethe-max-retain-rise"])
             if more["utility"]["broken"]:
@@ -228,9 +239,11 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
                             checks[kept]["forget_acc"], checks[kept]["bound"])
         return UnlearnResult(ModelState(models[kept]), details)
 
-    def one_pass(self, ctx: UnlearnContext) -> tuple[ArrayRecord, dict]:
+    def one_pass(self, ctx: UnlearnContext, start_loss: float | None = None) -> tuple[ArrayRecord, dict]:
         """Lethe's Algorithm 1 once, from ``ctx.original``: the restored model and the pass's facts
-        (``adapter_final_loss``, ``gamma_bounds``, ``rectify_guard``)."""
+        (``adapter_final_loss``, ``gamma_bounds``, ``rectify_guard``). ``start_loss``: the retained
+        clients' loss of the run's original, which the rectified restore's model is held to (a later
+        pass starts from another model; pass 1 reads it in its own first rectification round)."""
         state, plugins, details = self.amplify(ctx)
         state, history, guard = self.rectify_rounds(ctx, state, plugins)
         unchecked = guard.pop("unchecked", None)
@@ -238,7 +251,8 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         base = without_adapter(state)
         if ctx.cfg["lethe-restore-mode"] == "rectified":
             fallback = without_adapter(unchecked[0]) if unchecked is not None else None
-            arrays = ArrayRecord(self._restore_with_retries(ctx, base, fallback, guard, checkpoints))
+            start_loss = guard.get("start_retain_loss") if start_loss is None else start_loss
+            arrays = ArrayRecord(self.restore_within_bound(ctx, base, fallback, guard, checkpoints, start_loss))
         else:
             arrays = ArrayRecord(base)
             if ctx.cfg["lethe-restore-rounds"]:

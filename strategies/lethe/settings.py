@@ -79,8 +79,10 @@ SETTINGS: tuple[Setting, ...] = (
         "adapter) reaches this; inf = always lethe-rectify-rounds", positive(), allow_inf=True),
     setting("lethe-max-retain-rise", float, 0.5,
         "rectification guard: a step after which the retained clients' reported loss is more than this many "
-        "nats above their loss on the starting model is rolled back (and rectification stops); a later verify pass "
-        "whose restored model they rate this much worse than the original is not kept", positive()),
+        "nats above their loss on the starting model is rolled back (and rectification stops); a restore whose kept "
+        "model they rate this much worse than the original runs again at half, then a quarter of the lr; a later "
+        "verify pass still above it is not kept, a first pass still above it returns the original model (the "
+        "request not carried out)", positive()),
     setting("lethe-restore-rounds", int, 5, "utility-recovery rounds after the adapter is dropped", at_least(0)),
     setting("lethe-restore-extra-rounds", int, 10,
         "rectified restore: while no model restore may keep (one after at least two restore steps) has a retained "

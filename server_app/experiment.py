@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import time
 from typing import Any
@@ -111,7 +112,9 @@ class Experiment:
                measure_received: ReceivedModelMeasure | None = None, round_lr=None) -> ArrayRecord:
         """``rounds`` of FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged);
         ``extra_config`` adds entries to every round's ``train`` config, ``round_lr(r)`` sets round r's
-        lr. A round whose model looks collapsed (:meth:`collapse_check`) is played again (``run_rounds``)."""
+        lr. A round whose model looks collapsed (:meth:`collapse_check`), or a last round in which a client's
+        local run ended worse than chance on its own data (``ln C`` for a task of C classes; none for the
+        LLM task, whose loss is an answer loss), is played again (``run_rounds``)."""
         strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"],
                               seed=self.cfg["seed"] + seed_offset)
         return run_rounds(self.fed, strategy, arrays, rounds=rounds,
@@ -119,7 +122,8 @@ class Experiment:
                           label=label, method=self.cfg["method"], after_round=after_round,
                           last_round_config=last_round_config, on_replies=on_replies, aggregate=aggregate,
                           measure_received=measure_received, round_lr=round_lr,
-                          collapsed=self.collapse_check(plugins))
+                          collapsed=self.collapse_check(plugins),
+                          chance_loss=math.log(self.cfg.task.num_classes) if self.cfg.task.num_classes > 1 else None)
 
     def collapse_check(self, plugins: list[dict] = ()):
         """``collapsed(arrays)`` for ``run_rounds``: does the model with ``plugins`` answer every one of

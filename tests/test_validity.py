@@ -180,9 +180,10 @@ def test_a_collapsed_round_is_played_again_with_half_the_lr_and_said_in_results(
     assert plays[("pretrain", 1)] == [0.04, 0.02] and plays[("pretrain", 2)] == [0.04]
     assert plays[("retrain", 2)] == [0.04, 0.02] and plays[("continue", 2)] == [0.04, 0.02]
     cost = results["cost"]
-    assert cost["pretrain"]["redone"] == [{"round": 1, "lr": 0.02, "kept": True}] and cost["pretrain"]["rounds"] == 3
-    assert cost["retrain"]["redone"] == [{"round": 2, "lr": 0.02, "kept": True}]
-    assert cost["continue"]["redone"] == [{"round": 2, "lr": 0.02, "kept": True}] and "redone" not in cost["unlearn"]
+    redo = {"lr": 0.02, "kept": True, "why": "collapsed"}
+    assert cost["pretrain"]["redone"] == [{"round": 1, **redo}] and cost["pretrain"]["rounds"] == 3
+    assert cost["retrain"]["redone"] == [{"round": 2, **redo}]
+    assert cost["continue"]["redone"] == [{"round": 2, **redo}] and "redone" not in cost["unlearn"]
     assert results["validity"]["original_valid"], results["validity"]["reasons"]
     assert len(results["resurfacing"]["kr_curve"]) == TINY["continue-rounds"]
 
@@ -197,8 +198,41 @@ def test_a_round_flagged_at_every_lr_keeps_fedavgs_own_model(tmp_path, monkeypat
     assert plays[("pretrain", 2)] == [0.04, 0.02, 0.01, 0.005, 0.04]
     assert [(r["lr"], r["kept"]) for r in results["cost"]["pretrain"]["redone"]] == [
         (0.02, False), (0.01, False), (0.005, False), (0.04, True)]
-    assert "every play looked so: FedAvg's own model is kept" in caplog.text
+    assert "every play was flagged: FedAvg's own model is kept" in caplog.text
     assert "original_usable" in results["validity"]["failed"]
+
+
+def _diverging_client(rounds: set[tuple[str, int]], attempts: int, monkeypatch):
+    """Federation.exchange whose first training reply reports a last-epoch loss of 9 nats (above
+    ln 10) in the first ``attempts`` plays of each (phase, round) of ``rounds``; a record of the
+    loss every play of every round reported, as the server read it."""
+    original = Federation.exchange
+    plays: dict[tuple[str, int], list[float]] = {}
+
+    def exchange(self, messages, round_no=None, **kwargs):
+        replies = original(self, messages, round_no=round_no, **kwargs)
+        key = (self.phase, round_no)
+        trained = [r for r in replies if "metrics" in r.content and "loss" in r.content["metrics"]]
+        if key in rounds and trained and len(plays.get(key, [])) < attempts:
+            trained[0].content["metrics"]["loss"] = 9.0
+        if trained:
+            plays.setdefault(key, []).append(max(float(r.content["metrics"]["loss"]) for r in trained))
+        return replies
+
+    monkeypatch.setattr(Federation, "exchange", exchange)
+    return plays
+
+
+def test_a_last_round_with_a_client_worse_than_chance_is_played_again(tmp_path, monkeypatch):
+    """A client whose local run ends above ln C on its own data in the phase's last round (round 2
+    of pretraining) has sent a blown-up update: the round is played again at half the lr and said
+    in ``redone``. The same report in an earlier round (retrain round 1) is left to later rounds."""
+    plays = _diverging_client({("pretrain", 2), ("retrain", 1)}, attempts=1, monkeypatch=monkeypatch)
+    results = run(tmp_path, method="none", scenario="class", lr=0.04, **{"continue-rounds": 0})
+    assert len(plays[("pretrain", 2)]) == 2 and plays[("pretrain", 2)][0] == 9.0 and plays[("pretrain", 2)][1] < math.log(10)
+    assert len(plays[("pretrain", 1)]) == 1 and len(plays[("retrain", 1)]) == 1  # not a last round
+    assert results["cost"]["pretrain"]["redone"] == [{"round": 2, "lr": 0.02, "kept": True, "why": "client diverged"}]
+    assert "redone" not in results["cost"]["retrain"]
 
 
 def test_the_collapse_check_leaves_a_run_without_collapse_as_it_was(tmp_path, monkeypatch):

@@ -21,7 +21,7 @@ log = logging.getLogger("fedunlearn")
 EXTRA_STEP = 0.5  # the share of its update an extra restore round applies (restore_rounds says why)
 MIN_RESTORE_STEPS = 2  # restore keeps a model after at least this many of its steps, where it took as many
 RESTORE_FAILED = ("restore_rolled_back_round", "restore_refused_round")
-RESTORE_HALVINGS = 2  # times a restore that broke utility is run again at half the lr (_restore_within_bound)
+RESTORE_HALVINGS = 2  # times a restore that broke utility is run again at half the lr (restore_within_bound)
 
 
 class RestorePhase:

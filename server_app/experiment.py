@@ -112,9 +112,8 @@ class Experiment:
                measure_received: ReceivedModelMeasure | None = None, round_lr=None) -> ArrayRecord:
         """``rounds`` of FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged);
         ``extra_config`` adds entries to every round's ``train`` config, ``round_lr(r)`` sets round r's
-        lr. A round whose model looks collapsed (:meth:`collapse_check`), or a last round in which a client's
-        local run ended worse than chance on its own data (``ln C`` for a task of C classes; none for the
-        LLM task, whose loss is an answer loss), is played again (``run_rounds``)."""
+        lr. A round whose model looks collapsed, or a last round in which a client's loss on its own data
+        rose by more than chance's (:meth:`round_checks`), is played again (``run_rounds``)."""
         strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"],
                               seed=self.cfg["seed"] + seed_offset)
         return run_rounds(self.fed, strategy, arrays, rounds=rounds,
@@ -122,8 +121,16 @@ class Experiment:
                           label=label, method=self.cfg["method"], after_round=after_round,
                           last_round_config=last_round_config, on_replies=on_replies, aggregate=aggregate,
                           measure_received=measure_received, round_lr=round_lr,
-                          collapsed=self.collapse_check(plugins),
-                          chance_loss=math.log(self.cfg.task.num_classes) if self.cfg.task.num_classes > 1 else None)
+                          **self.round_checks(plugins))
+
+    def round_checks(self, plugins: list[dict] = ()) -> dict:
+        """``run_rounds``' checks of each round for a model with ``plugins``: ``collapsed``
+        (:meth:`collapse_check`) and ``chance_loss`` (ln C for a task of C classes; none for the LLM
+        task, whose loss is an answer loss). Only the run's own phases use them: a baseline's FedAvg rounds
+        stay as its paper runs them (NoT's first refinement round after the negation answers the probe's
+        noise alike, and redoing it changed NoT's result)."""
+        classes = self.cfg.task.num_classes
+        return {"collapsed": self.collapse_check(plugins), "chance_loss": math.log(classes) if classes > 1 else None}
 
     def collapse_check(self, plugins: list[dict] = ()):
         """``collapsed(arrays)`` for ``run_rounds``: does the model with ``plugins`` answer every one of

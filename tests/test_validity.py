@@ -202,10 +202,10 @@ def test_a_round_flagged_at_every_lr_keeps_fedavgs_own_model(tmp_path, monkeypat
     assert "original_usable" in results["validity"]["failed"]
 
 
-def _diverging_client(rounds: set[tuple[str, int]], attempts: int, monkeypatch):
-    """Federation.exchange whose first training reply reports a last-epoch loss of 9 nats (above
-    ln 10) in the first ``attempts`` plays of each (phase, round) of ``rounds``; a record of the
-    loss every play of every round reported, as the server read it."""
+def _diverging_clients(rounds: set[tuple[str, int]], attempts: int, monkeypatch):
+    """Federation.exchange whose training replies all report a last-epoch loss of 9 nats (ln 10 is
+    2.30) in the first ``attempts`` plays of each (phase, round) of ``rounds``; a record of the
+    highest loss every play of every round reported, as the server read it."""
     original = Federation.exchange
     plays: dict[tuple[str, int], list[float]] = {}
 
@@ -213,8 +213,9 @@ def _diverging_client(rounds: set[tuple[str, int]], attempts: int, monkeypatch):
         replies = original(self, messages, round_no=round_no, **kwargs)
         key = (self.phase, round_no)
         trained = [r for r in replies if "metrics" in r.content and "loss" in r.content["metrics"]]
-        if key in rounds and trained and len(plays.get(key, [])) < attempts:
-            trained[0].content["metrics"]["loss"] = 9.0
+        if key in rounds and len(plays.get(key, [])) < attempts:
+            for reply in trained:
+                reply.content["metrics"]["loss"] = 9.0
         if trained:
             plays.setdefault(key, []).append(max(float(r.content["metrics"]["loss"]) for r in trained))
         return replies
@@ -224,13 +225,17 @@ def _diverging_client(rounds: set[tuple[str, int]], attempts: int, monkeypatch):
 
 
 def test_a_last_round_with_a_client_worse_than_chance_is_played_again(tmp_path, monkeypatch):
-    """A client whose local run ends above ln C on its own data in the phase's last round (round 2
-    of pretraining) has sent a blown-up update: the round is played again at half the lr and said
-    in ``redone``. The same report in an earlier round (retrain round 1) is left to later rounds."""
-    plays = _diverging_client({("pretrain", 2), ("retrain", 1)}, attempts=1, monkeypatch=monkeypatch)
+    """A client whose loss on its own data rises by more than ln C in the phase's last round (round 2
+    of pretraining: 9 nats after about 1) has sent a blown-up update: the round is played again at
+    half the lr and said in ``redone``. The same report in an earlier round (retrain round 1) is left
+    to later rounds, and a last round that reports the same high loss as the round before (retrain:
+    9 nats in both, as a short phase or data without signal leave a client near chance) is no rise."""
+    plays = _diverging_clients({("pretrain", 2), ("retrain", 1), ("retrain", 2)}, attempts=1,
+                               monkeypatch=monkeypatch)
     results = run(tmp_path, method="none", scenario="class", lr=0.04, **{"continue-rounds": 0})
     assert len(plays[("pretrain", 2)]) == 2 and plays[("pretrain", 2)][0] == 9.0 and plays[("pretrain", 2)][1] < math.log(10)
     assert len(plays[("pretrain", 1)]) == 1 and len(plays[("retrain", 1)]) == 1  # not a last round
+    assert plays[("retrain", 2)] == [9.0]  # 9 after 9: no rise, not played again
     assert results["cost"]["pretrain"]["redone"] == [{"round": 2, "lr": 0.02, "kept": True, "why": "client diverged"}]
     assert "redone" not in results["cost"]["retrain"]
 

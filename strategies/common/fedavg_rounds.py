@@ -162,20 +162,24 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
     ``client diverged``). A run in which no round is flagged is the same as without the checks.
 
     ``chance_loss`` (``ln C`` for C classes), when given, flags the phase's **last** round the same
-    way where a client reports a ``loss`` (its last local epoch's mean) above it: its local run
-    ended worse than a uniform guess on its own training data, so its update is a blown-up one, and
-    no later round is left to repair the average (measured: 124's retrain oracle drawn from
-    ``init-seed`` 1124 at 10 clients alpha 0.5, client scenario, took one such update in round 20,
-    last-epoch loss 8.77 against 0.05 the round before, and read test accuracy 0.511). Earlier
-    rounds are not judged by it: FedAvg repaired such spikes in later rounds in originals that
-    ended at test accuracy 0.93-0.98 (seeds 89-91, 7 clients alpha 0.1), and judging them would
-    change those runs too.
+    way where a client's reported ``loss`` (its last local epoch's mean) rose by more than it
+    since its report of the round before: its local run lost more fit to its own data than a
+    uniform guess has, so its update is a blown-up one, and no later round is left to repair the
+    average (measured: 124's retrain oracle drawn from ``init-seed`` 1124 at 10 clients alpha 0.5,
+    client scenario, took one such update in round 20, last-epoch loss 8.77 against 0.05 the round
+    before, and read test accuracy 0.511). A rise, not a level: a short phase (a smoke run's two
+    rounds) or data without signal leaves every client near ``ln C`` without anything having blown
+    up. A client with no report in the round before (a one-round phase, a client not sampled) is
+    not judged. Earlier rounds are not judged by it: FedAvg repaired such spikes in later rounds in
+    originals that ended at test accuracy 0.93-0.98 (seeds 89-91, 7 clients alpha 0.1), and
+    judging them would change those runs too.
     """
     if (collapsed is not None or chance_loss is not None) and "lr" not in dict(config):
         raise ValueError("run_rounds(collapsed=..., chance_loss=...) needs the clients' 'lr' in config to redo a round")
     started = time.perf_counter()
     cost = fed.cost(fed.phase)
     last = first_round + rounds - 1
+    reported: dict[int, float] = {}  # each client's loss in the round before (chance_loss's reference)
     for server_round in range(first_round, last + 1):
         round_config = ConfigRecord({**dict(config), **(last_round_config or {})}) \
             if server_round == last and last_round_config else config
@@ -195,8 +199,8 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
                 fed, strategy, arrays, sent_config, server_round, method=method, aggregate=aggregate,
                 measure_received=measure_received if play == 0 and server_round > first_round else None)
             cost.rounds += 1
-            flagged = _flag(new_arrays, replies, collapsed, chance_loss if server_round == last else None) \
-                if judged else None
+            flagged = _flag(new_arrays, replies, collapsed, chance_loss if server_round == last else None,
+                            reported) if judged else None
             final = play == len(lrs) - 1 or flagged is None
             if play:
                 cost.redone.append({"round": server_round, "lr": float(sent_config["lr"]), "kept": final, "why": why})
@@ -205,6 +209,7 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
                 break
         if on_replies is not None:
             on_replies(server_round, arrays, replies)
+        reported = _losses(replies)
         arrays = new_arrays
         if after_round is not None:
             after_round(server_round, arrays)
@@ -217,16 +222,23 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
 
 
 _REASONS = {"collapsed": "the aggregated model looks collapsed (the same output for every probe input)",
-            "client diverged": "a client's local run ended worse than chance on its own data"}
+            "client diverged": "a client's loss on its own data rose by more than a uniform guess's (ln C)"}
 
 
-def _flag(arrays: ArrayRecord, replies: list[Message], collapsed, chance_loss: float | None) -> str | None:
+def _losses(replies: list[Message]) -> dict[int, float]:
+    """Each replying client's reported ``loss``, by node id."""
+    return {r.metadata.src_node_id: float(r.content["metrics"]["loss"]) for r in replies
+            if "metrics" in r.content and "loss" in r.content["metrics"]}
+
+
+def _flag(arrays: ArrayRecord, replies: list[Message], collapsed, chance_loss: float | None,
+          reported: dict[int, float]) -> str | None:
     """Why a round's play is flagged (a key of ``_REASONS``), or ``None``: its aggregated model looks
-    collapsed, or (``chance_loss`` given) a client reports a last-epoch loss above it."""
+    collapsed, or (``chance_loss`` given) a client's loss rose by more than it since ``reported``."""
     if collapsed is not None and collapsed(arrays):
         return "collapsed"
-    if chance_loss is not None and any(float(r.content["metrics"].get("loss", 0.0)) > chance_loss
-                                       for r in replies if "metrics" in r.content):
+    if chance_loss is not None and any(node in reported and loss - reported[node] > chance_loss
+                                       for node, loss in _losses(replies).items()):
         return "client diverged"
     return None
 

@@ -42,7 +42,7 @@ class PhaseCost:
     """What one phase spent: wall seconds and rounds (set by whoever runs the phase), the bytes
     sent to clients (down) and received from them (up), and the replies it lost, counted here.
     ``degraded``: some node's work is missing from the phase's result. ``redone``: every extra play of
-    a round whose model looked collapsed (``run_rounds``): round, lr, whether its model was kept;
+    a round that ``run_rounds`` flagged: round, lr, whether its model was kept, and why;
     listed only where there is one, so a phase that redid nothing reads as it did before."""
 
     seconds: float = 0.0

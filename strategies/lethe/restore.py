@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import NamedTuple
 
 from strategies.common.base import UnlearnContext
 from strategies.common.fedavg_rounds import mean_update
@@ -22,6 +23,15 @@ EXTRA_STEP = 0.5  # the share of its update an extra restore round applies (rest
 MIN_RESTORE_STEPS = 2  # restore keeps a model after at least this many of its steps, where it took as many
 RESTORE_FAILED = ("restore_rolled_back_round", "restore_refused_round")
 RESTORE_HALVINGS = 2  # times a restore that broke utility is run again at half the lr (restore_within_bound)
+
+
+class _Attempt(NamedTuple):
+    """One restore of :meth:`RestorePhase.restore_within_bound`."""
+
+    lr_scale: float
+    utility: dict  # pass_utility's verdict on the model it kept
+    guard: dict
+    model: State
 
 
 class RestorePhase:
@@ -218,27 +228,26 @@ class RestorePhase:
         restore within the bound at the run's lr is not touched, so the constant-lr runs measured
         before this rule are unchanged (none of the 48 cells of seeds 124-131 broke the bound)."""
         rise = ctx.cfg["lethe-max-retain-rise"]
-        attempts = []  # (lr scale, pass_utility verdict, the attempt's guard, its model)
+        attempts: list[_Attempt] = []
         for halving in range(RESTORE_HALVINGS + 1):
             scale = 0.5 ** halving
-            attempt = dict(guard)  # every attempt starts from rectification's facts
-            model = self._restore_with_retries(ctx, base, fallback, attempt, list(checkpoints), lr_scale=scale)
-            utility = pass_utility(attempt, start_loss, rise)
-            attempts.append((scale, utility, attempt, model))
-            if not utility["broken"]:
+            attempt_guard = dict(guard)  # every attempt starts from rectification's facts
+            model = self._restore_with_retries(ctx, base, fallback, attempt_guard, list(checkpoints), lr_scale=scale)
+            attempts.append(_Attempt(scale, pass_utility(attempt_guard, start_loss, rise), attempt_guard, model))
+            if not attempts[-1].utility["broken"]:
                 break
             if halving < RESTORE_HALVINGS:
                 log.warning("[lethe] guard: restore kept a model the retained clients rate at %.3g against %.3g "
                             "on the original: restore again from the same backbone at %g of the lr",
-                            utility["retain_loss"], start_loss, scale / 2)
-        within = [a for a in attempts if not a[1]["broken"]]
-        chosen = within[0] if within else min(attempts, key=lambda a: _loss_or_inf(a[1]["retain_loss"]))
+                            attempts[-1].utility["retain_loss"], start_loss, scale / 2)
+        within = [a for a in attempts if not a.utility["broken"]]
+        chosen = within[0] if within else min(attempts, key=lambda a: _loss_or_inf(a.utility["retain_loss"]))
         guard.clear()
-        guard.update(chosen[2])
+        guard.update(chosen.guard)
         if len(attempts) > 1:
-            guard["restore_halvings"] = [{"lr_scale": scale, "retain_loss": utility["retain_loss"],
-                                          "kept": attempt is chosen[2]} for scale, utility, attempt, _ in attempts]
-        return chosen[3]
+            guard["restore_halvings"] = [{"lr_scale": a.lr_scale, "retain_loss": a.utility["retain_loss"],
+                                          "kept": a is chosen} for a in attempts]
+        return chosen.model
 
     def _restore_with_retries(self, ctx: UnlearnContext, base: State, fallback: State | None, guard: dict,
                               checkpoints: list[State], lr_scale: float = 1.0) -> State:

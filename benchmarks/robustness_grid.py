@@ -65,8 +65,8 @@ LETHE_TEST_TOL, LETHE_KR_TOL, LETHE_KR_SHARE = 0.03, 0.05, 0.8
 FEDUP_FORGET_MAX, FEDUP_RETAIN_TOL = 0.02, 0.02
 HELD_SHARE = 0.8
 DRAW = "retrain@init"  # method label prefix of a retrain draw from other initial weights
-COLUMNS = ("seed", "clients", "alpha", "scenario", "method", "validity", "test_acc", "d_test", "d_orig", "u_kr", "ct_kr",
-           "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse", "leaving_holds", "error")
+COLUMNS = ("seed", "clients", "alpha", "scenario", "method", "validity", "test_acc", "d_test", "d_orig", "orig_test",
+           "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse", "leaving_holds", "error")
 
 
 def parse_shapes(text: str) -> list[tuple[int, float]]:
@@ -360,7 +360,9 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
     A cell is valid when its rows carry none of ``ORIGINAL_CHECKS`` (as ``run_cell`` wrote them). A
     later file's row replaces an earlier one's of the same cell and method (a cell run again).
     ``overrides`` are the grid's ``--run-config`` (the rows do not keep it; ``leaving_holds`` needs
-    the task)."""
+    the task). ``d_test`` and ``d_orig`` are taken again against the cell's retrain row, so a method
+    run again without retrain (``--methods lethe``, no ``d_orig`` of its own) gets them back from
+    its ``orig_test``."""
     latest: dict[tuple, dict] = {}
     for path in paths:
         with open(path, newline="", encoding="utf-8") as handle:
@@ -369,8 +371,8 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
     rows = list(latest.values())
     cells: dict[tuple, list[dict]] = {}
     for row in rows:
-        for key in ("test_acc", "d_test", "d_orig", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc"):
-            row[key] = _parse(row.get(key))  # d_orig is absent from CSVs written before the column
+        for key in ("test_acc", "d_test", "d_orig", "orig_test", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc"):
+            row[key] = _parse(row.get(key))  # d_orig and orig_test are absent from CSVs written before their columns
         if not row.get("error"):
             row.pop("error", None)
         flags = set(filter(None, row["validity"].split(";")))

@@ -364,7 +364,7 @@ def test_restore_keeps_the_model_the_retained_clients_rate_best():
 
 def test_restore_goes_on_while_no_restored_model_is_near_the_start():
     """Target 0.02 (the retained clients' loss of the model rectification started from, received and
-    untrained, as restore's reports read each model) + 0.05; their training loss with the adapter on
+    untrained, as restore's reports read each model) + ``lethe-restore-target-rise`` 0.05; their training loss with the adapter on
     (``reference``, 0.5 here) does not move it.
     Two restore rounds leave 0.6 and 0.5 (seed 11, 7 clients alpha 0.1, class: five rounds swung to
     2.6 and 4.3 and the best kept 0.54): extra rounds follow, each judged by the next round's reports
@@ -373,7 +373,7 @@ def test_restore_goes_on_while_no_restored_model_is_near_the_start():
     best it reaches (its report comes from a round without training)."""
     def run(script, extra, target=0.02):
         cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 2,
-                            "lethe-restore-extra-rounds": extra})
+                            "lethe-restore-extra-rounds": extra, "lethe-restore-target-rise": 0.05})
         fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
         fed.start_phase("unlearn")
         ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)

@@ -349,6 +349,31 @@ def test_grid_reads_within_on_both_sides_and_keeps_the_one_sided_reading(tmp_pat
     assert grid.totals(again) == grid.totals(rows)
 
 
+def test_grid_rejudge_gives_a_method_run_again_alone_its_cells_d_orig(tmp_path, monkeypatch):
+    """A Lethe row run again without retrain (``--methods lethe``) has no reference, so no ``d_test``
+    or ``d_orig``; judged again together with the first grid's file, it is judged against that file's
+    retrain and gets both back from its own figures (original 0.86 against retrain 0.90)."""
+    grid = _benchmark_module()
+    outcomes = {"retrain": _fake_results(0.90, 0.0, 0.95, 0.0, original_test=0.86),
+                "lethe": _fake_results(0.80, 0.0, 0.90, 0.0, original_test=0.86)}
+
+    def fake_run(config, clients):
+        folder = tmp_path / f"{config['method']}-{len(os.listdir(tmp_path))}"
+        folder.mkdir()
+        (folder / "results.json").write_text(json.dumps(outcomes[config["method"]]))
+        return str(folder)
+
+    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+    grid.write_outputs(str(tmp_path / "first"), grid.run_cell(12, 7, 0.1, "class", ["retrain", "lethe"], {}))
+    outcomes["lethe"] = _fake_results(0.89, 0.0, 0.94, 0.0, original_test=0.86)  # the method changed
+    alone = grid.run_cell(12, 7, 0.1, "class", ["lethe"], {})
+    assert alone[0].get("d_orig") is None and alone[0]["holds"] is None
+    grid.write_outputs(str(tmp_path / "again"), alone)
+    rows = {r["method"]: r for r in grid.rejudge([str(tmp_path / "first.csv"), str(tmp_path / "again.csv")], {})}
+    assert rows["lethe"]["test_acc"] == pytest.approx(0.89) and rows["lethe"]["holds"] is True
+    assert rows["lethe"]["d_orig"] == pytest.approx(-0.04) and rows["lethe"]["d_test"] == pytest.approx(-0.01)
+
+
 def test_grid_judges_retrain_draws_by_lethes_bars_against_the_first_retrain(tmp_path, monkeypatch):
     """``--retrain-draws``: the later draws run retrain with their own ``init-seed`` and are judged by
     Lethe's bars; a draw whose own original fails validity is flagged, not counted; saved rows judged

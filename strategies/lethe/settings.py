@@ -89,7 +89,7 @@ SETTINGS: tuple[Setting, ...] = (
         "loss within lethe-restore-target-rise of the retained clients' loss on the model rectification started "
         "from (each the received model's loss before training, the temporary adapter bypassed), up to this many "
         "more restore rounds, each applying half its update (0 = exactly lethe-restore-rounds)", at_least(0)),
-    setting("lethe-restore-target-rise", float, 0.05,
+    setting("lethe-restore-target-rise", float, 0.02,
         "rectified restore: the retained loss (nats above the one on the model rectification started from, both "
         "read on the received model before training) that ends lethe-restore-extra-rounds", positive()),
     setting("lethe-restore-mode", str, "rectified",

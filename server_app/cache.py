@@ -30,10 +30,11 @@ from tasks.config import Config
 
 log = logging.getLogger("fedunlearn")
 
-CACHE_VERSION = 6  # 2: data fingerprint and federation in the key; 3: the backdoor client's clean copies;
+CACHE_VERSION = 7  # 2: data fingerprint and federation in the key; 3: the backdoor client's clean copies;
 # 4: the backdoor client's forget set leaves out its samples of the target class; 5: a round whose
 # model collapsed is played again (``run_rounds``), so a collapsed model cached before is not reused;
-# 6: so is a last round in which a client's loss rose by more than ln C (a blown-up local run)
+# 6: so is a last round in which a client's loss rose by more than ln C (a blown-up local run);
+# 7: and the round before the last (``CHANCE_ROUNDS``)
 TRAINING_KEYS = ("task", "seed", "dirichlet-alpha", "test-fraction", "local-epochs", "batch-size", "lr",
                  "momentum", "max-grad-norm", "fraction-train")
 REQUEST_KEYS = {

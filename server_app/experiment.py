@@ -112,8 +112,8 @@ class Experiment:
                measure_received: ReceivedModelMeasure | None = None, round_lr=None) -> ArrayRecord:
         """``rounds`` of FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged);
         ``extra_config`` adds entries to every round's ``train`` config, ``round_lr(r)`` sets round r's
-        lr. A round whose model looks collapsed, or a last round in which a client's loss on its own data
-        rose by more than chance's (:meth:`round_checks`), is played again (``run_rounds``)."""
+        lr. A round whose model looks collapsed, or one of the last two rounds in which a client's loss on
+        its own data rose by more than chance's (:meth:`round_checks`), is played again (``run_rounds``)."""
         strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"],
                               seed=self.cfg["seed"] + seed_offset)
         return run_rounds(self.fed, strategy, arrays, rounds=rounds,

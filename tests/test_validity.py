@@ -224,19 +224,24 @@ def _diverging_clients(rounds: set[tuple[str, int]], attempts: int, monkeypatch)
     return plays
 
 
-def test_a_last_round_with_a_client_worse_than_chance_is_played_again(tmp_path, monkeypatch):
-    """A client whose loss on its own data rises by more than ln C in the phase's last round (round 2
-    of pretraining: 9 nats after about 1) has sent a blown-up update: the round is played again at
-    half the lr and said in ``redone``. The same report in an earlier round (retrain round 1) is left
-    to later rounds, and a last round that reports the same high loss as the round before (retrain:
-    9 nats in both, as a short phase or data without signal leave a client near chance) is no rise."""
-    plays = _diverging_clients({("pretrain", 2), ("retrain", 1), ("retrain", 2)}, attempts=1,
-                               monkeypatch=monkeypatch)
-    results = run(tmp_path, method="none", scenario="class", lr=0.04, **{"continue-rounds": 0})
-    assert len(plays[("pretrain", 2)]) == 2 and plays[("pretrain", 2)][0] == 9.0 and plays[("pretrain", 2)][1] < math.log(10)
-    assert len(plays[("pretrain", 1)]) == 1 and len(plays[("retrain", 1)]) == 1  # not a last round
-    assert plays[("retrain", 2)] == [9.0]  # 9 after 9: no rise, not played again
-    assert results["cost"]["pretrain"]["redone"] == [{"round": 2, "lr": 0.02, "kept": True, "why": "client diverged"}]
+def test_a_late_round_with_a_client_worse_than_chance_is_played_again(tmp_path, monkeypatch):
+    """A client whose loss on its own data rises by more than ln C in one of a phase's last two rounds
+    (rounds 3 and 4 of four of pretraining: 9 nats after about 1) has sent a blown-up update: each
+    such round is played again at half the lr and said in ``redone``. The same report in an earlier
+    round (retrain round 2) is left to the rounds after it, and a round that reports the same high
+    loss as the round before (retrain rounds 3 and 4: 9 nats after 9, as a short phase or data
+    without signal leave a client near chance) is no rise."""
+    plays = _diverging_clients({("pretrain", 3), ("pretrain", 4), ("retrain", 2), ("retrain", 3), ("retrain", 4)},
+                               attempts=1, monkeypatch=monkeypatch)
+    results = run(tmp_path, method="none", scenario="class", lr=0.04, **{"pretrain-rounds": 4, "continue-rounds": 0})
+    for late in (3, 4):
+        first, again = plays[("pretrain", late)]
+        assert first == 9.0 and again < math.log(10)
+    assert len(plays[("pretrain", 2)]) == 1
+    assert plays[("retrain", 2)] == [9.0]  # third from last: not judged
+    assert plays[("retrain", 3)] == plays[("retrain", 4)] == [9.0]  # 9 after 9: no rise, not played again
+    assert results["cost"]["pretrain"]["redone"] == [
+        {"round": r, "lr": 0.02, "kept": True, "why": "client diverged"} for r in (3, 4)]
     assert "redone" not in results["cost"]["retrain"]
 
 

@@ -364,8 +364,8 @@ def test_restore_keeps_the_model_the_retained_clients_rate_best():
 
 def test_restore_goes_on_while_no_restored_model_is_near_the_start():
     """Target 0.02 (the retained clients' loss of the model rectification started from, received and
-    untrained, as restore's reports read each model) + ``lethe-restore-target-rise`` 0.05; their training loss with the adapter on
-    (``reference``, 0.5 here) does not move it.
+    untrained, as restore's reports read each model) + ``lethe-restore-target-rise`` 0.05; their
+    training loss with the adapter on (``reference``, 0.5 here) does not move it.
     Two restore rounds leave 0.6 and 0.5 (seed 11, 7 clients alpha 0.1, class: five rounds swung to
     2.6 and 4.3 and the best kept 0.54): extra rounds follow, each judged by the next round's reports
     and each applying half its update (the scripted retain update is +1), until one model is at

@@ -189,8 +189,8 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
             if server_round == last and last_round_config else config
         if round_lr is not None:
             round_config = ConfigRecord({**dict(round_config), "lr": round_lr(server_round)})
-        last_chance = chance_loss if server_round > last - CHANCE_ROUNDS else None  # judged: the last rounds only
-        judged = collapsed is not None or last_chance is not None
+        late_chance = chance_loss if server_round > last - CHANCE_ROUNDS else None  # judged: the last rounds only
+        judged = collapsed is not None or late_chance is not None
         lrs = [0.5 ** k for k in range(COLLAPSE_REDOS + 1)] + [1.0] if judged else [1.0]
         why = None
         for play, scale in enumerate(lrs):
@@ -204,7 +204,7 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
                 fed, strategy, arrays, sent_config, server_round, method=method, aggregate=aggregate,
                 measure_received=measure_received if play == 0 and server_round > first_round else None)
             cost.rounds += 1
-            flagged = _flag(new_arrays, replies, collapsed, last_chance, reported) if judged else None
+            flagged = _flag(new_arrays, replies, collapsed, late_chance, reported) if judged else None
             final = play == len(lrs) - 1 or flagged is None
             if play:
                 cost.redone.append({"round": server_round, "lr": float(sent_config["lr"]), "kept": final, "why": why})

@@ -31,6 +31,12 @@ of the grid's original: a bar that retrain itself misses in a cell is met or mis
 draw, not by the method. A last line reads Lethe against the band the draws span (within the test
 tolerance of the grid's retrain or of any draw); it is a reading beside the bar, not the bar.
 
+Beside every miss the ``context`` column states what the cell shows around it, as facts, not as a
+verdict (``miss_context``): where the cell's original itself lies outside the test tolerance, what
+the retrain draws read (and whether they miss on the same side), the classes the leaving client
+holds, or the KR figures; the totals count Lethe's test misses by these facts, and those with none
+of them.
+
 The report seeds default to 11-15: no default of this project was chosen on them (those were
 chosen on 42 and 1-4). The Markdown table goes to stdout as cells finish; ``--out`` receives
 ``<out>.csv`` and ``<out>.json``, rewritten after every cell, so a partial run is usable.
@@ -66,7 +72,7 @@ FEDUP_FORGET_MAX, FEDUP_RETAIN_TOL = 0.02, 0.02
 HELD_SHARE = 0.8
 DRAW = "retrain@init"  # method label prefix of a retrain draw from other initial weights
 COLUMNS = ("seed", "clients", "alpha", "scenario", "method", "validity", "test_acc", "d_test", "d_orig", "orig_test",
-           "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse", "leaving_holds", "error")
+           "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse", "leaving_holds", "context", "error")
 
 
 def parse_shapes(text: str) -> list[tuple[int, float]]:
@@ -209,6 +215,68 @@ def _set_d_test(row: dict, ref: dict | None) -> None:
         row["d_orig"] = row["orig_test"] - ref["test_acc"]
 
 
+def _side(mine: float | None, theirs: float | None, tol: float) -> str | None:
+    """``above`` / ``below`` where ``mine`` lies more than ``tol`` from ``theirs``, else ``None``."""
+    if mine is None or theirs is None or abs(mine - theirs) <= tol:
+        return None
+    return "above" if mine > theirs else "below"
+
+
+def miss_context(row: dict, cell: list[dict]) -> tuple[str, set[str]]:
+    """What the cell shows around one row's miss of a bar (test, KR or retain), as facts (``""`` where
+    the row meets its bars or has none), and which of ``MISS_FACTS`` they include:
+
+    - ``original +0.072``: the cell's original is that far from retrain's test accuracy, beyond
+      Lethe's tolerance (a method that keeps the original's utility lands near it);
+    - ``moved +0.035 from its original``: the row's test accuracy against the original's;
+    - ``draw 0.917 also above`` / ``draw 0.957``: the retrain draws' figure on the missed bar (test
+      accuracy; retain accuracy for FedUP's), and whether a draw misses on the same side;
+    - ``leaving client holds 7:0.99``: client scenario, the classes retrain barely sees;
+    - ``U-KR / CT-KR 0.000 / 0.126 against 0.014 / 0.014``: a KR miss."""
+    missed = row.get("holds") is False or row.get("kr_ok") is False
+    if not missed or "error" in row or row.get("bar", "").startswith(("flagged", "no ")):
+        return "", set()
+    ref = next((r for r in cell if r["method"] == "retrain"), None)
+    draws = [r for r in cell if r["method"].startswith(DRAW) and r is not row and r.get("holds") is not None]
+    key, tol = ("retain_acc", FEDUP_RETAIN_TOL) if row["method"] == "fedup" else ("test_acc", LETHE_TEST_TOL)
+    side = _side(_num(row.get(key)), _num((ref or {}).get(key)), tol)
+    facts, kinds = [], set()
+    if side:
+        d_orig, d_test = _num(row.get("d_orig")), _num(row.get("d_test"))
+        if key == "test_acc" and d_orig is not None and abs(d_orig) > LETHE_TEST_TOL:
+            facts.append(f"original {d_orig:+.3f}")
+            kinds.add("original")
+        if key == "test_acc" and d_orig is not None and d_test is not None:
+            facts.append(f"moved {d_test - d_orig:+.3f} from its original")
+        for draw in draws:
+            value = _num(draw.get(key))
+            if value is not None:
+                same = _side(value, _num(ref.get(key)), tol) == side
+                facts.append(f"draw {value:.3f}{' also ' + side if same else ''}")
+                if same:
+                    kinds.add("draw")
+        if row.get("leaving_holds"):
+            facts.append(f"leaving client holds {row['leaving_holds']}")
+            kinds.add("leaving")
+    if row["method"] != "fedup" and row.get("kr_ok") is False and ref is not None:
+        facts.append(f"U-KR / CT-KR {_fmt(_num(row.get('u_kr')))} / {_fmt(_num(row.get('ct_kr')))} against "
+                     f"{_fmt(_num(ref.get('u_kr')))} / {_fmt(_num(ref.get('ct_kr')))}")
+    if row["method"] == "fedup" and (_num(row.get("forget_acc")) or 0.0) > FEDUP_FORGET_MAX:
+        facts.append(f"forget {row['forget_acc']:.3f}")
+    return "; ".join(facts), kinds
+
+
+def _set_context(rows: list[dict]) -> None:
+    """``row["context"]`` and ``row["miss_kinds"]`` of every row (``miss_context``), a cell at a time."""
+    cells: dict[tuple, list[dict]] = {}
+    for row in rows:
+        cells.setdefault(_cell(row), []).append(row)
+    for cell in cells.values():
+        for row in cell:
+            text, kinds = miss_context(row, cell)
+            row["context"], row["miss_kinds"] = text, sorted(kinds)
+
+
 def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list[str], shared: dict,
              retrain_draws: int = 1) -> list[dict]:
     """Every method of one cell, then the retrain draws after the first (``retrain_draws``, when
@@ -267,6 +335,7 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
         else:
             row["bar"], row["holds"] = judge(row["method"], scenario, row, ref)
         _set_d_test(row, ref)
+    _set_context(rows)
     return rows
 
 
@@ -289,6 +358,7 @@ def totals(rows: list[dict]) -> list[str]:
         lines.append(f"valid cells whose original is itself more than {LETHE_TEST_TOL} from retrain's test accuracy: "
                      f"{sum(far)}/{len(lethe)}; Lethe's test misses there: {sum(f and m for f, m in zip(far, missed))}, "
                      f"elsewhere: {sum(m and not f for f, m in zip(far, missed))}")
+        lines += _miss_facts_line(lethe)
         lines.append(f"Lethe U-KR and CT-KR within {LETHE_KR_TOL} of retrain: {kr_ok}/{len(lethe)} valid cells "
                      f"({'holds' if kr_ok >= LETHE_KR_SHARE * len(lethe) else 'MISSED'}, bar: "
                      f">= {LETHE_KR_SHARE:.0%})")
@@ -304,6 +374,23 @@ def totals(rows: list[dict]) -> list[str]:
     flagged = {_cell(r) for r in rows if not r.get("cell_valid")}
     lines.append(f"runs that failed: {len(errors)}; cells flagged (original invalid): {len(flagged)}")
     return lines
+
+
+MISS_FACTS = (("original", "original outside the tolerance"), ("draw", "a retrain draw misses on the same side"),
+              ("leaving", "the leaving client holds most of a class"))  # miss_context's kinds, as the totals name them
+
+
+def _miss_facts_line(lethe: list[dict]) -> list[str]:
+    """Lethe's test misses on each side, and how many of them show each fact of ``miss_context``
+    (one miss can show several) or none."""
+    parts = []
+    for side in ("above", "below"):
+        misses = [r for r in lethe if f"MISS {side}" in r.get("bar", "")]
+        if misses:
+            counts = [f"{text}: {sum(1 for r in misses if kind in r['miss_kinds'])}" for kind, text in MISS_FACTS]
+            none = sum(1 for r in misses if not r["miss_kinds"])
+            parts.append(f"{len(misses)} {side} ({', '.join(counts)}; none of these: {none})")
+    return [f"Lethe's test misses: {'; '.join(parts)}"] if parts else []
 
 
 def _cell(row: dict) -> tuple:
@@ -391,6 +478,7 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
             elif row["cell_valid"] and not row["own_flagged"]:
                 row["bar"], row["holds"] = judge(row["method"], row["scenario"], row, ref)
             _set_d_test(row, ref)
+    _set_context(rows)
     return rows
 
 

@@ -447,6 +447,51 @@ def test_grid_flags_a_method_whose_own_original_is_invalid_not_the_cell(tmp_path
     assert again["fedau"]["own_flagged"] and again["lethe"]["holds"] is True and again["lethe"]["cell_valid"]
 
 
+def test_grid_states_the_facts_beside_every_miss_and_counts_them(tmp_path, monkeypatch):
+    """Beside a miss the grid states what the cell shows (``context``) and the totals count Lethe's
+    test misses by those facts: here one miss from an original 0.10 above retrain whose draw misses
+    the same way, one whose original and draw are near retrain (none of the facts), and a KR miss,
+    whose figures it names; a row that meets its bars has no context; judged again, the same."""
+    grid = _benchmark_module()
+    cells = {11: {"retrain": _fake_results(0.85, 0.0, 0.90, 0.0, original_test=0.95),
+                  "lethe": _fake_results(0.95, 0.0, 0.99, 0.0, original_test=0.95),
+                  "fedup": _fake_results(0.95, 0.0, 0.99, 0.0, original_test=0.95),
+                  1011: _fake_results(0.90, 0.0, 0.95, 0.0, original_test=0.95)},  # the draw: also above
+             12: {"retrain": _fake_results(0.90, 0.0, 0.95, 0.0, original_test=0.91),
+                  "lethe": _fake_results(0.95, 0.0, 0.99, 0.0, original_test=0.91),  # moved +0.04
+                  "fedup": _fake_results(0.90, 0.0, 0.96, 0.0, original_test=0.91),  # holds
+                  1012: _fake_results(0.91, 0.0, 0.95, 0.0, original_test=0.91)},
+             13: {"retrain": _fake_results(0.90, 0.0, 0.95, 0.0, original_test=0.90),
+                  "lethe": _fake_results(0.90, 0.0, 0.95, 0.3, original_test=0.90),  # comes back
+                  1013: _fake_results(0.90, 0.0, 0.95, 0.0, original_test=0.90)}}
+
+    def fake_run(config, clients):
+        outcome = cells[config["seed"]][config.get("init-seed", config["method"])]
+        folder = tmp_path / f"{config['seed']}-{config['method']}-{config.get('init-seed')}"
+        folder.mkdir(exist_ok=True)
+        (folder / "results.json").write_text(json.dumps(outcome))
+        return str(folder)
+
+    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+    rows = [r for seed in (11, 12, 13) for r in grid.run_cell(
+        seed, 7, 0.1, "class", ["retrain", "lethe"] + (["fedup"] if seed < 13 else []), {}, retrain_draws=2)]
+    by = {(r["seed"], r["method"]): r for r in rows}
+    assert by[(11, "lethe")]["context"] == "original +0.100; moved +0.000 from its original; draw 0.900 also above"
+    assert by[(11, "lethe")]["miss_kinds"] == ["draw", "original"]
+    assert by[(11, "fedup")]["context"] == "draw 0.950 also above"  # its retain bar: 0.99 and 0.95 against 0.90
+    assert by[(12, "lethe")]["context"] == "moved +0.040 from its original; draw 0.910"
+    assert by[(12, "lethe")]["miss_kinds"] == [] and by[(12, "fedup")]["context"] == ""
+    assert by[(13, "lethe")]["holds"] is True
+    assert by[(13, "lethe")]["context"] == "U-KR / CT-KR 0.000 / 0.300 against 0.000 / 0.000"
+    line = next(x for x in grid.totals(rows) if x.startswith("Lethe's test misses"))
+    assert line == ("Lethe's test misses: 2 above (original outside the tolerance: 1, a retrain draw misses on the "
+                    "same side: 1, the leaving client holds most of a class: 0; none of these: 1)")
+    grid.write_outputs(str(tmp_path / "grid"), rows)
+    again = {(int(r["seed"]), r["method"]): r for r in grid.rejudge([str(tmp_path / "grid.csv")], {})}
+    assert all(again[k]["context"] == r["context"] for k, r in by.items())
+    assert grid.totals(list(again.values())) == grid.totals(rows)
+
+
 def test_grid_names_the_classes_the_leaving_client_holds():
     """At alpha 0.05 over 2 clients the leaving (largest) client holds most of some classes; at
     alpha 1000 (near IID) it holds about half of each, so none is named."""

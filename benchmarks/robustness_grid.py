@@ -147,6 +147,13 @@ def draw_seed(seed: int, draw: int) -> int:
     return (seed + 1000 * draw) % 2**32
 
 
+def _side(mine: float | None, theirs: float | None, tol: float) -> str | None:
+    """``above`` / ``below`` where ``mine`` lies more than ``tol`` from ``theirs``, else ``None``."""
+    if mine is None or theirs is None or abs(mine - theirs) <= tol:
+        return None
+    return "above" if mine > theirs else "below"
+
+
 def judge(method: str, scenario: str, row: dict, ref: dict | None) -> tuple[str, bool | None]:
     """``(bar, holds)`` of one method in one valid cell (``holds`` None: no bar, or not measurable).
 
@@ -167,7 +174,7 @@ def judge(method: str, scenario: str, row: dict, ref: dict | None) -> tuple[str,
             row["no_worse"] = False
             return "unmeasured"
         row["no_worse"] = mine[key] >= theirs[key] - tol
-        return "ok" if near(key, tol) else ("above" if mine[key] > theirs[key] else "below")
+        return _side(mine[key], theirs[key], tol) or "ok"
 
     if method == "lethe" or method.startswith(DRAW):
         test = utility("test_acc", LETHE_TEST_TOL)
@@ -213,13 +220,6 @@ def _set_d_test(row: dict, ref: dict | None) -> None:
         row["d_test"] = row["test_acc"] - ref["test_acc"]
     if _num(row.get("orig_test")) is not None:
         row["d_orig"] = row["orig_test"] - ref["test_acc"]
-
-
-def _side(mine: float | None, theirs: float | None, tol: float) -> str | None:
-    """``above`` / ``below`` where ``mine`` lies more than ``tol`` from ``theirs``, else ``None``."""
-    if mine is None or theirs is None or abs(mine - theirs) <= tol:
-        return None
-    return "above" if mine > theirs else "below"
 
 
 def miss_context(row: dict, cell: list[dict]) -> tuple[str, set[str]]:

@@ -222,6 +222,10 @@ def _set_d_test(row: dict, ref: dict | None) -> None:
         row["d_orig"] = row["orig_test"] - ref["test_acc"]
 
 
+MISS_FACTS = (("original", "original outside the tolerance"), ("draw", "a retrain draw misses on the same side"),
+              ("leaving", "the leaving client holds most of a class"))  # miss_context's kinds, as the totals name them
+
+
 def miss_context(row: dict, cell: list[dict]) -> tuple[str, set[str]]:
     """What the cell shows around one row's miss of a bar (test, KR or retain), as facts (``""`` where
     the row meets its bars or has none), and which of ``MISS_FACTS`` they include:
@@ -242,12 +246,12 @@ def miss_context(row: dict, cell: list[dict]) -> tuple[str, set[str]]:
     side = _side(_num(row.get(key)), _num((ref or {}).get(key)), tol)
     facts, kinds = [], set()
     if side:
-        d_orig, d_test = _num(row.get("d_orig")), _num(row.get("d_test"))
+        d_orig, test, orig = _num(row.get("d_orig")), _num(row.get("test_acc")), _num(row.get("orig_test"))
         if key == "test_acc" and d_orig is not None and abs(d_orig) > LETHE_TEST_TOL:
             facts.append(f"original {d_orig:+.3f}")
             kinds.add("original")
-        if key == "test_acc" and d_orig is not None and d_test is not None:
-            facts.append(f"moved {d_test - d_orig:+.3f} from its original")
+        if key == "test_acc" and test is not None and orig is not None:
+            facts.append(f"moved {test - orig:+.3f} from its original")
         for draw in draws:
             value = _num(draw.get(key))
             if value is not None:
@@ -266,15 +270,11 @@ def miss_context(row: dict, cell: list[dict]) -> tuple[str, set[str]]:
     return "; ".join(facts), kinds
 
 
-def _set_context(rows: list[dict]) -> None:
-    """``row["context"]`` and ``row["miss_kinds"]`` of every row (``miss_context``), a cell at a time."""
-    cells: dict[tuple, list[dict]] = {}
-    for row in rows:
-        cells.setdefault(_cell(row), []).append(row)
-    for cell in cells.values():
-        for row in cell:
-            text, kinds = miss_context(row, cell)
-            row["context"], row["miss_kinds"] = text, sorted(kinds)
+def _set_context(cell: list[dict]) -> None:
+    """``row["context"]`` and ``row["miss_kinds"]`` of every row of one cell (``miss_context``)."""
+    for row in cell:
+        text, kinds = miss_context(row, cell)
+        row["context"], row["miss_kinds"] = text, sorted(kinds)
 
 
 def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list[str], shared: dict,
@@ -376,10 +376,6 @@ def totals(rows: list[dict]) -> list[str]:
     return lines
 
 
-MISS_FACTS = (("original", "original outside the tolerance"), ("draw", "a retrain draw misses on the same side"),
-              ("leaving", "the leaving client holds most of a class"))  # miss_context's kinds, as the totals name them
-
-
 def _miss_facts_line(lethe: list[dict]) -> list[str]:
     """Lethe's test misses on each side, and how many of them show each fact of ``miss_context``
     (one miss can show several) or none."""
@@ -478,7 +474,7 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
             elif row["cell_valid"] and not row["own_flagged"]:
                 row["bar"], row["holds"] = judge(row["method"], row["scenario"], row, ref)
             _set_d_test(row, ref)
-    _set_context(rows)
+        _set_context(cell)
     return rows
 
 

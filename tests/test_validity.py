@@ -405,12 +405,14 @@ def test_grid_judges_retrain_draws_by_lethes_bars_against_the_first_retrain(tmp_
     assert by["retrain@init1011"]["holds"] is False and "MISS below" in by["retrain@init1011"]["bar"]
     assert by["retrain@init2011"]["holds"] is True and by["retrain@init2011"]["kr_ok"] is True
     assert by["retrain@init3011"]["holds"] is None and "draw:original_usable" in by["retrain@init3011"]["validity"]
-    line, band = grid.totals(rows)[-3:-1]
+    line, band, shape = grid.totals(rows)[-4:-1]
     assert "test within 0.03 of the grid's retrain in 1/2 draws (not more than 0.03 below: 1/2)" in line
     assert "U-KR and CT-KR within 0.05: 2/2; the draw's original within 0.03 of the grid's original: 1/2" in line
     assert line.endswith("class cells, retain within 0.02 (FedUP's bar): 1/2")  # 0.95 and 0.98 against 0.99
     assert by["lethe"]["holds"] is False  # 0.04 below the grid's retrain, but within 0.03 of draw 1011's 0.90
     assert band == "Lethe test_acc within 0.03 of the grid's retrain or of a retrain draw: 1/1 valid cells with a draw"
+    assert shape == ("7 clients alpha 0.1, both sides, same cells: Lethe's test within 0.03: retrain drawn again "
+                     "1/2 draws, Lethe 0/1 cells")  # the flagged draw is not counted
     assert grid.totals(rows)[-1].endswith("cells flagged (original invalid): 0")
     grid.write_outputs(str(tmp_path / "grid"), rows)
     assert grid.totals(grid.rejudge([str(tmp_path / "grid.csv")], {})) == grid.totals(rows)
@@ -463,7 +465,9 @@ def test_grid_states_the_facts_beside_every_miss_and_counts_them(tmp_path, monke
                   1012: _fake_results(0.91, 0.0, 0.95, 0.0, original_test=0.91)},
              13: {"retrain": _fake_results(0.90, 0.0, 0.95, 0.0, original_test=0.90),
                   "lethe": _fake_results(0.90, 0.0, 0.95, 0.3, original_test=0.90),  # comes back
-                  1013: _fake_results(0.90, 0.0, 0.95, 0.0, original_test=0.90)}}
+                  1013: _fake_results(0.90, 0.0, 0.95, 0.0, original_test=0.90)},
+             14: {"retrain": _fake_results(0.95, 0.0, 0.99, 0.0), "lethe": _fake_results(0.96, 0.0, 0.99, 0.0),
+                  1014: _fake_results(0.94, 0.0, 0.99, 0.0)}}  # another shape, every bar met
 
     def fake_run(config, clients):
         outcome = cells[config["seed"]][config.get("init-seed", config["method"])]
@@ -475,6 +479,7 @@ def test_grid_states_the_facts_beside_every_miss_and_counts_them(tmp_path, monke
     monkeypatch.setattr(grid, "run_inprocess", fake_run)
     rows = [r for seed in (11, 12, 13) for r in grid.run_cell(
         seed, 7, 0.1, "class", ["retrain", "lethe"] + (["fedup"] if seed < 13 else []), {}, retrain_draws=2)]
+    rows += grid.run_cell(14, 10, 0.5, "sample", ["retrain", "lethe"], {}, retrain_draws=2)
     by = {(r["seed"], r["method"]): r for r in rows}
     assert by[(11, "lethe")]["context"] == "original +0.100; moved +0.000 from its original; draw 0.900 also above"
     assert by[(11, "lethe")]["miss_kinds"] == ["draw", "original"]
@@ -486,6 +491,12 @@ def test_grid_states_the_facts_beside_every_miss_and_counts_them(tmp_path, monke
     line = next(x for x in grid.totals(rows) if x.startswith("Lethe's test misses"))
     assert line == ("Lethe's test misses: 2 above (original outside the tolerance: 1, a retrain draw misses on the "
                     "same side: 1, the leaving client holds most of a class: 0; none of these: 1)")
+    # per shape, in the same cells, the reference drawn again beside the method (FedUP: class cells 11, 12)
+    assert [x for x in grid.totals(rows) if "same cells" in x] == [
+        "10 clients alpha 0.5, both sides, same cells: Lethe's test within 0.03: retrain drawn again 1/1 draws, "
+        "Lethe 1/1 cells",
+        "7 clients alpha 0.1, both sides, same cells: Lethe's test within 0.03: retrain drawn again 2/3 draws, "
+        "Lethe 1/3 cells; FedUP's class bar: retrain drawn again 1/2 draws, FedUP 1/2 cells"]
     grid.write_outputs(str(tmp_path / "grid"), rows)
     again = {(int(r["seed"]), r["method"]): r for r in grid.rejudge([str(tmp_path / "grid.csv")], {})}
     assert all(again[k]["context"] == r["context"] for k, r in by.items())

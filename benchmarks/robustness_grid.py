@@ -437,13 +437,14 @@ def _shape_parity_lines(rows: list[dict], draws: list[dict]) -> list[str]:
     on both sides, beside how often the method does (Lethe's test bar; FedUP's class bar). Where the
     reference misses its own bar as often as the method, the bar measures the reference's spread on
     that shape, not the method."""
-    lines = []
+    lines, judged = [], {_cell(r) for r in draws}
     for shape in sorted({(r["clients"], r["alpha"]) for r in draws}, key=lambda s: (-float(s[1]), s[0])):
         parts = []
         for method, name, scenarios, bar in (("lethe", "Lethe", None, f"Lethe's test within {LETHE_TEST_TOL}"),
                                              ("fedup", "FedUP", {"class"}, "FedUP's class bar")):
             mine = {_cell(r): r for r in rows if r["method"] == method and r.get("holds") is not None
-                    and (r["clients"], r["alpha"]) == shape and (scenarios is None or r["scenario"] in scenarios)}
+                    and _cell(r) in judged and (r["clients"], r["alpha"]) == shape
+                    and (scenarios is None or r["scenario"] in scenarios)}
             theirs = [r for r in draws if _cell(r) in mine]
             if mine and theirs:
                 draw_ok = sum(1 for r in theirs if _draw_meets(r, method, rows))

@@ -387,7 +387,8 @@ def test_grid_judges_retrain_draws_by_lethes_bars_against_the_first_retrain(tmp_
     calls = []
     draws = {1011: _fake_results(0.90, 0.0, 0.95, 0.0, original_test=0.97),  # 0.05 below: misses, original near
              2011: _fake_results(0.94, 0.0, 0.98, 0.0, original_test=0.90),  # within; its original 0.05 off
-             3011: _fake_results(0.94, 0.0, 0.98, 0.0, valid=False)}
+             3011: _fake_results(0.94, 0.0, 0.98, 0.0, valid=False),
+             1012: _fake_results(0.94, 0.0, 0.98, 0.0, valid=False)}  # seed 12's only draw: flagged
 
     def fake_run(config, clients):
         calls.append((config["method"], config.get("init-seed")))
@@ -413,6 +414,9 @@ def test_grid_judges_retrain_draws_by_lethes_bars_against_the_first_retrain(tmp_
     assert band == "Lethe test_acc within 0.03 of the grid's retrain or of a retrain draw: 1/1 valid cells with a draw"
     assert shape == ("7 clients alpha 0.1, both sides, same cells: Lethe's test within 0.03: retrain drawn again "
                      "1/2 draws, Lethe 0/1 cells")  # the flagged draw is not counted
+    # a cell whose every draw is flagged has no reference drawn again: it leaves the per-shape line alone
+    more = rows + grid.run_cell(12, 7, 0.1, "class", ["retrain", "lethe"], {}, retrain_draws=2)
+    assert [x for x in grid.totals(more) if "same cells" in x] == [shape]
     assert grid.totals(rows)[-1].endswith("cells flagged (original invalid): 0")
     grid.write_outputs(str(tmp_path / "grid"), rows)
     assert grid.totals(grid.rejudge([str(tmp_path / "grid.csv")], {})) == grid.totals(rows)

@@ -457,14 +457,12 @@ def _shape_parity_lines(rows: list[dict], draws: list[dict]) -> list[str]:
 
 def _draw_meets(draw: dict, method: str, rows: list[dict]) -> bool:
     """Whether a retrain draw meets ``method``'s bar against the grid's retrain: Lethe's test bar is
-    the draw's own verdict; FedUP's class bar reads the draw's forget and retain accuracy."""
+    the draw's own verdict; FedUP's class bar is ``judge``'s, on a copy (``judge`` sets the row's
+    one-sided reading, which the draw keeps for Lethe's bars)."""
     if method == "lethe":
         return bool(draw["holds"])
     ref = next(r for r in rows if r["method"] == "retrain" and _cell(r) == _cell(draw))
-    forget, retain, ref_retain = (_num(draw.get("forget_acc")), _num(draw.get("retain_acc")),
-                                  _num(ref.get("retain_acc")))
-    return (forget is not None and forget <= FEDUP_FORGET_MAX and retain is not None and ref_retain is not None
-            and abs(retain - ref_retain) <= FEDUP_RETAIN_TOL)
+    return bool(judge("fedup", "class", dict(draw), ref)[1])
 
 
 def _parse(text: str) -> float | None:

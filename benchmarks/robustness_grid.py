@@ -429,14 +429,14 @@ def _draw_totals(rows: list[dict]) -> list[str]:
                      if min(band[_cell(r)]) - LETHE_TEST_TOL <= r["test_acc"] <= max(band[_cell(r)]) + LETHE_TEST_TOL)
         lines.append(f"Lethe test_acc within {LETHE_TEST_TOL} of the grid's retrain or of a retrain draw: "
                      f"{inside}/{len(lethe)} valid cells with a draw")
-    return lines + _shape_parity_lines(rows, draws)
+    return lines + _shape_parity_lines(rows, draws, refs)
 
 
-def _shape_parity_lines(rows: list[dict], draws: list[dict]) -> list[str]:
+def _shape_parity_lines(rows: list[dict], draws: list[dict], refs: dict[tuple, dict]) -> list[str]:
     """Per federation shape, in the same cells: how often exact unlearning drawn again meets a bar read
     on both sides, beside how often the method does (Lethe's test bar; FedUP's class bar). Where the
     reference misses its own bar as often as the method, the bar measures the reference's spread on
-    that shape, not the method."""
+    that shape, not the method. ``refs``: the grid's retrain row of each cell."""
     lines, judged = [], {_cell(r) for r in draws}
     for shape in sorted({(r["clients"], r["alpha"]) for r in draws}, key=lambda s: (-float(s[1]), s[0])):
         parts = []
@@ -447,7 +447,7 @@ def _shape_parity_lines(rows: list[dict], draws: list[dict]) -> list[str]:
                     and (scenarios is None or r["scenario"] in scenarios)}
             theirs = [r for r in draws if _cell(r) in mine]
             if mine and theirs:
-                draw_ok = sum(1 for r in theirs if _draw_meets(r, method, rows))
+                draw_ok = sum(1 for r in theirs if _draw_meets(r, method, refs[_cell(r)]))
                 parts.append(f"{bar}: retrain drawn again {draw_ok}/{len(theirs)} draws, {name} "
                              f"{sum(1 for r in mine.values() if r['holds'])}/{len(mine)} cells")
         if parts:
@@ -455,13 +455,12 @@ def _shape_parity_lines(rows: list[dict], draws: list[dict]) -> list[str]:
     return lines
 
 
-def _draw_meets(draw: dict, method: str, rows: list[dict]) -> bool:
-    """Whether a retrain draw meets ``method``'s bar against the grid's retrain: Lethe's test bar is
+def _draw_meets(draw: dict, method: str, ref: dict) -> bool:
+    """Whether a retrain draw meets ``method``'s bar against the grid's retrain ``ref``: Lethe's test bar is
     the draw's own verdict; FedUP's class bar is ``judge``'s, on a copy (``judge`` sets the row's
     one-sided reading, which the draw keeps for Lethe's bars)."""
     if method == "lethe":
         return bool(draw["holds"])
-    ref = next(r for r in rows if r["method"] == "retrain" and _cell(r) == _cell(draw))
     return bool(judge("fedup", "class", dict(draw), ref)[1])
 
 

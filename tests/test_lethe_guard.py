@@ -132,16 +132,31 @@ def test_overshoot_that_no_halving_fixes_is_rolled_back():
 
 
 def test_lost_retained_utility_rolls_the_step_back():
-    # retained loss 0.2 on the start, 0.9 after round 1's step (+0.7 > lethe-max-retain-rise 0.5)
-    weight, history, guard, _, _ = rectify([(1.0, 0.2), (2.0, 0.9)])
-    assert weight == 0.0 and guard["action"] == "rolled-back" and guard["verdict"] == "utility"
-    assert history[-1]["verdict"] == "utility"
+    # retained loss 0.2 on the start, 0.9 after round 2's step (+0.7 > lethe-max-retain-rise 0.5)
+    weight, history, guard, _, rounds = rectify([(1.0, 0.2), (5.0, 0.2), (6.0, 0.9)])
+    assert weight == 1.0 and guard["action"] == "rolled-back" and guard["verdict"] == "utility"
+    assert guard["round"] == 2 and history[-1]["verdict"] == "utility" and rounds == 3
     # the same at the stop round: a model that reached the stop by dying is not accepted
     weight, _, guard, _, _ = rectify([(1.0, 0.2), (5.0, 0.2), (15.0, 2.3)])
     assert weight == 1.0 and guard["verdict"] == "utility"
     # a looser bound accepts it
     weight, _, guard, _, _ = rectify([(1.0, 0.2), (5.0, 0.2), (15.0, 2.3)], **{"lethe-max-retain-rise": 3.0})
     assert weight == 2.0 and guard["action"] == "none"
+
+
+def test_a_first_step_that_costs_utility_is_halved_not_rolled_back():
+    """Rolling back a pass's first step would end the pass where it began (seed 165, 7 clients alpha
+    0.1, sample, lr 0.02: four passes, each rolled back in round 1, U-KR 1.000). Its half keeps the
+    retained loss in bound here and rectification goes on from it to the stop."""
+    weight, history, guard, lethe, rounds = rectify([(1.0, 0.2), (2.0, 0.9), (1.5, 0.3), (5.0, 0.2),
+                                                     (15.0, 0.2)])
+    assert weight == 1.5 and guard["action"] == "none" and history[-1]["stopped"] is True
+    assert guard["shrunk_then_on"][0] == {"round": 1, "verdict": "utility", "action": "shrunk", "factor": 0.5,
+                                          "then": "go", "forget_loss": 1.5, "retain_loss": pytest.approx(0.3)}
+    assert lethe.calls[2] == (2, 0.5) and rounds == 5  # the half is what the next reports judged
+    # no half within the bound: the first step is rolled back after all
+    weight, _, guard, _, rounds = rectify([(1.0, 0.2), (2.0, 0.9), (1.5, 0.9), (1.2, 0.8), (1.1, 0.75)])
+    assert weight == 0.0 and guard["action"] == "rolled-back" and guard["round"] == 1 and rounds == 5
 
 
 def test_non_finite_report_is_repaired_not_applied():

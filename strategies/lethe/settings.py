@@ -79,7 +79,8 @@ SETTINGS: tuple[Setting, ...] = (
         "adapter) reaches this; inf = always lethe-rectify-rounds", positive(), allow_inf=True),
     setting("lethe-max-retain-rise", float, 0.5,
         "rectification guard: a step after which the retained clients' reported loss is more than this many "
-        "nats above their loss on the starting model is rolled back (and rectification stops); a restore whose kept "
+        "nats above their loss on the starting model is rolled back (and rectification stops; a pass's first step is "
+        "halved first, like an overshooting one); a restore whose kept "
         "model they rate this much worse than the original runs again at half, then a quarter of the lr; a later "
         "verify pass still above it is not kept, a first pass still above it returns the original model (the "
         "request not carried out)", positive()),

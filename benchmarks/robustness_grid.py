@@ -530,8 +530,10 @@ def main() -> None:
     parser.add_argument("--shapes", default="10:0.5,7:0.1", help="CLIENTS:ALPHA pairs")
     parser.add_argument("--methods", default="retrain,fedup,lethe")
     parser.add_argument("--scenarios", default="client,class,sample")
-    parser.add_argument("--run-config", default="continue-rounds=20",
-                        help="shared overrides, as for flwr run --run-config (default: continue-rounds=20)")
+    parser.add_argument("--run-config", default="continue-rounds=60",
+                        help="shared overrides, as for flwr run --run-config (default: continue-rounds=60, i.e. 60 "
+                             "local epochs of continued training at digits' one epoch a round; the recipe before "
+                             "it: presets=false continue-rounds=20)")
     parser.add_argument("--out", default="", help="prefix of the CSV/JSON files (default: <work>/grid)")
     parser.add_argument("--work", default="", help="folder for cache and run outputs (default: a new temp folder)")
     parser.add_argument("--retrain-draws", type=int, default=1,

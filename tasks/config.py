@@ -16,7 +16,7 @@ Presets. Where a method's good settings differ by task, its registration says so
 shrinks every phase to a few steps (``MethodSpec.smoke``, ``Task.smoke`` and :data:`SMOKE`). A preset fills a key the user left at its
 global default; a key given any other value wins. (Flower passes every pyproject key to the app,
 so "left at its default" is the only sign of "not given" that survives; giving a key exactly its
-global default therefore does not override a preset; ``presets=false`` turns a method's presets off.)
+global default therefore does not override a preset; ``presets=false`` turns the method's and the task's presets off.)
 """
 
 from __future__ import annotations
@@ -187,8 +187,9 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
        "per client and set, penultimate features sent for the FD/PCA diagnostics; 0 = off",
        at_least(0)),
     setting("presets", bool, True,
-            "apply the presets the method registered for this task (its measured settings there) to keys left at "
-            "their default; false = the global defaults"),
+            "apply the presets the task and the method registered (their measured settings there; digits-lenet5: "
+            "pretrain-rounds=60 local-epochs=1 continue-rounds=30) to keys left at their default; false = the "
+            "global defaults"),
     setting("smoke", bool, False,
        "smoke run for CI: every phase runs, with a few rounds, epochs and steps (presets of each method and task); "
        "keys given explicitly still win"),

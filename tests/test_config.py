@@ -12,11 +12,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_defaults_parse_and_match_pyproject():
-    cfg = parse_config({})
+    cfg = parse_config({"presets": False})  # pyproject holds the global defaults; presets fill on top
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert set(pyproject) == {s.key for s in all_settings()}
     for setting in all_settings():
-        assert cfg[setting.key] == pyproject[setting.key], setting.key
+        assert cfg[setting.key] == pyproject[setting.key] or setting.key == "presets", setting.key
+
+
+def test_the_offline_default_trains_one_local_epoch_a_round_and_presets_false_gives_the_former_recipe():
+    recipe = ("pretrain-rounds", "local-epochs", "continue-rounds")
+    assert tuple(parse_config({})[k] for k in recipe) == (60, 1, 30)
+    assert tuple(parse_config({"presets": False})[k] for k in recipe) == (20, 3, 10)
+    given = parse_config({"pretrain-rounds": 40, "continue-rounds": 5})
+    assert tuple(given[k] for k in recipe) == (40, 1, 5) and "pretrain-rounds" not in given.presets
 
 
 def test_readme_tables_are_the_registered_ones():

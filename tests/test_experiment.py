@@ -186,7 +186,9 @@ def test_lethe_runs_its_three_phases(tmp_path):
 def test_lethe_checks_its_restored_model_at_the_forget_clients_and_passes_again_while_it_knows(tmp_path):
     """With no rectify and no restore round a pass changes nothing: the forget clients' check finds the
     class still known, a second pass runs from the first one's model, and the check equals the
-    server's own forget accuracy of the kept model (the same data, measured at the nodes)."""
+    server's own forget accuracy of the kept model (the same data, measured at the nodes). The
+    request is left undone, so a second attempt with the looser walk-back runs; it changes nothing
+    either and is not kept."""
     results, _, _ = run(tmp_path, method="lethe", scenario="class",
                         **{"lethe-verify-passes": 1, "lethe-rectify-rounds": 0, "lethe-restore-rounds": 0,
                            "continue-rounds": 1})
@@ -196,7 +198,8 @@ def test_lethe_checks_its_restored_model_at_the_forget_clients_and_passes_again_
     assert checks[0]["bound"] == 0.02 and checks[0]["forget_n"] > 0
     assert details["kept_pass"] == 1  # both still know it equally: the earlier is kept
     assert checks[0]["forget_acc"] == pytest.approx(unlearned["forget_acc"]) and unlearned["forget_acc"] > 0.5
-    assert results["cost"]["unlearn"]["rounds"] == 2  # each pass's amplify round
+    assert details["retry"]["backbone_rise"] == 2.0 and details["retry"]["kept"] is False
+    assert results["cost"]["unlearn"]["rounds"] == 4  # each pass's amplify round, in both attempts
 
 
 def test_lethe_sends_one_message_to_a_client_holding_both_roles(tmp_path):

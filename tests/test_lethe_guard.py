@@ -559,9 +559,12 @@ class PassScriptedLethe(Lethe):
         super().__init__()
         self.counts, self.guards, self.starts, self.offsets = list(counts), list(guards), [], []
         self.start_losses = []  # the original's retained loss each pass was given
+        self.rises, self.later = [], []  # each pass's lethe-max-backbone-rise and whether it was a verify pass
 
     def one_pass(self, ctx, start_loss=None):
         self.start_losses.append(start_loss)
+        self.rises.append(ctx.cfg["lethe-max-backbone-rise"])
+        self.later.append(self.later_pass)
         self.starts.append(float(ctx.original.arrays.to_torch_state_dict()["lin.weight"][0, 0]))
         self.offsets.append(self.round_offset)
         k = len(self.starts)
@@ -573,8 +576,10 @@ class PassScriptedLethe(Lethe):
 
 
 def verified(counts, scenario="class", guards=(), **overrides):
+    """A scripted Lethe's result; the retry of an undone request is off unless ``overrides`` set it."""
     from strategies.common.base import ModelState
 
+    overrides.setdefault("lethe-retry-backbone-rise", 0.5)  # = lethe-max-backbone-rise: no retry
     cfg = parse_config({"method": "lethe", "scenario": scenario, "poison": "backdoor", **overrides})
     ctx = UnlearnContext(None, cfg, ModelState(ArrayRecord({"lin.weight": torch.zeros(2, 2)})),
                          model_factory=lambda plugins: Linear(), retrain=None)
@@ -684,6 +689,46 @@ def test_by_default_up_to_three_more_passes_run_and_stop_at_the_first_that_passe
     assert [c["known"] for c in details["forget_checks"]] == [True, True, True, False]
     weight, details, lethe = verified([counts(74), counts(51), counts(31), counts(9), counts(1)])
     assert len(lethe.starts) == 4 and details["kept_pass"] == 4  # no fifth pass; the least known kept
+
+
+RETRY = {"lethe-retry-backbone-rise": 2.0, "lethe-verify-passes": 1}
+
+
+def test_an_attempt_that_left_the_request_undone_is_retried_from_the_original_with_the_looser_walk_back(caplog):
+    """Both passes of the first attempt still know the forget set (0.90, 0.80): one more attempt
+    from the original, with lethe-max-backbone-rise 2; its pass 1 is a first pass (not a verify
+    pass), its rounds are its own, and its model, which forgot, is kept."""
+    with caplog.at_level("WARNING", logger="fedunlearn"):
+        weight, details, lethe = verified([counts(90), counts(80), counts(0)], **RETRY)
+    assert weight == 3.0 and lethe.starts == [0.0, 1.0, 0.0]  # the retry starts from the original
+    assert lethe.rises == [0.5, 0.5, 2.0] and lethe.later == [False, True, False]
+    assert lethe.offsets[2] > lethe.offsets[1] > lethe.offsets[0] == 0
+    assert details["kept_still_knows"] is False and details["retry"] == {
+        "backbone_rise": 2.0, "kept": True, "other": {"kept_pass": 2, "kept_still_knows": True,
+                                                      "utility": details["utility"]}}
+    assert "one more attempt from the original with lethe-max-backbone-rise 2" in caplog.text
+
+
+def test_a_retry_that_does_not_carry_the_request_out_either_is_not_kept():
+    weight, details, lethe = verified([counts(90), counts(80), counts(95), counts(85)], **RETRY)
+    assert weight == 2.0 and len(lethe.starts) == 4  # the first attempt's model that knows least
+    assert details["retry"]["kept"] is False and details["retry"]["other"]["kept_still_knows"] is True
+
+
+def test_a_first_pass_that_broke_utility_is_retried_and_the_retry_is_held_to_the_same_bound():
+    broken = {"start_retain_loss": 0.094, "restore_losses": [0.13, 1.1, 2.6], "restore_kept": 2}
+    fine = {"start_retain_loss": 0.094, "restore_losses": [0.13, 0.3, 0.2], "restore_kept": 2}
+    weight, details, lethe = verified([counts(0)], guards=[broken, fine], **RETRY)
+    assert weight == 2.0 and details["retry"]["kept"] is True and details["retry"]["other"]["kept_pass"] == 0
+    weight, details, lethe = verified([], guards=[broken, broken], **RETRY)
+    assert weight == 0.0 and details["kept_pass"] == 0 and details["retry"]["kept"] is False  # the original
+
+
+def test_no_retry_where_the_request_was_carried_out_unjudged_or_the_retry_bound_is_not_looser():
+    for scripted, overrides in (([counts(1)], RETRY), ([counts(90), counts(80)], {**RETRY,
+                                "lethe-retry-backbone-rise": 0.5}), ([None], RETRY)):
+        weight, details, lethe = verified(scripted, **overrides)
+        assert "retry" not in details and lethe.rises == [0.5] * len(lethe.starts)
 
 
 def test_verify_off_or_unmeasurable_leaves_one_pass():

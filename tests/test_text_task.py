@@ -126,4 +126,4 @@ def test_text_task_presets_fill_defaults_and_give_way_to_given_values():
     cfg = parse_config({"task": "text-minilm"})
     assert (cfg["pretrain-rounds"], cfg["local-epochs"], cfg["continue-rounds"]) == (10, 1, 5)
     assert parse_config({"task": "text-minilm", "pretrain-rounds": 3})["pretrain-rounds"] == 3
-    assert parse_config({"task": "digits-lenet5"})["pretrain-rounds"] == 20  # vision keeps the global default
+    assert parse_config({"task": "mnist-lenet5"})["pretrain-rounds"] == 20  # mnist keeps the global default

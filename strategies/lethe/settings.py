@@ -61,6 +61,10 @@ SETTINGS: tuple[Setting, ...] = (
             "restore guard: a lethe-backbone-search probe passes if its retained loss is at most this many nats above "
             "the retained loss of the step the walk-back went back to (and within lethe-max-backbone-rise)",
             positive()),
+    setting("lethe-retry-backbone-rise", float, 2.0,
+            "where an attempt leaves the request not carried out (the original returned, or the kept model still "
+            "knows the forget set), one more attempt from the original with lethe-max-backbone-rise at this value, "
+            "kept only if it carries the request out; at most lethe-max-backbone-rise = no retry", positive()),
     setting("lethe-restore-retries", int, 2,
             "restore guard: when restore's own guard acts (a restore step rolled back or refused), restore again from "
             "the backbone one rectification step earlier, at most this many times", at_least(0)),

@@ -55,9 +55,12 @@ from strategies.lethe.rectify import RectifyPhase
 from strategies.lethe.restore import RestorePhase, pass_utility
 from strategies.lethe.settings import scenario_setting
 from strategies.lethe.views import State, mean_forget_loss, role_view, train_content, without_adapter
+from tasks.config import Config
 from tasks.plugins import specs_to_json
 
 log = logging.getLogger("fedunlearn")
+
+PASS_ROUNDS_EXTRA = 3  # round numbers a pass uses beyond its rectify and restore rounds (amplify, checks)
 
 VERIFY_Z = 1.645  # one-sided 95 % normal quantile: the client check's margin over the clean-data reference
 
@@ -72,11 +75,12 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         super().__init__(fraction_train=1.0, fraction_evaluate=0.0, weighted_by_key="num-examples",
                          arrayrecord_key="arrays", configrecord_key="config")
         self.round_offset = 0  # added to every round number of a pass: a later pass gets its own seeds
+        self.attempt_offset = 0  # the round offset of the attempt's first pass (the retry's is not 0)
 
     @property
     def later_pass(self) -> bool:
-        """A verify pass (see :meth:`unlearn`): its loss stop counts from its start."""
-        return self.round_offset > 0
+        """A verify pass (see :meth:`attempt`): its loss stop counts from its start."""
+        return self.round_offset > self.attempt_offset
 
     def _streams(self, ctx: UnlearnContext, state: State, plugins: list[dict], *, round_no: int,
                  stop_loss: float | None = None, **config) -> tuple[list, list, float]:
@@ -168,6 +172,45 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         return self._forget_eval(ctx, state, round_no)[0]
 
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
+        """:meth:`attempt`; where it did not carry the request out (:func:`carried_out` is false: the
+        original was returned, or the kept model still knows the forget set) and
+        ``lethe-retry-backbone-rise`` is above ``lethe-max-backbone-rise``, one more attempt from the
+        original with the walk-back bound at that value, kept only where it carries the request out
+        (``method.retry``: the bound and whether the retry was kept).
+
+        Ours. The walk-back (:meth:`RestorePhase.restore_rounds`) undoes rectification steps whose
+        adapter-free backbone the retained clients rate more than ``lethe-max-backbone-rise`` worse than
+        the model rectification started from. An original that fits its retained data very tightly
+        (digits with one local epoch a round: 0.002-0.033 nats) reads 0.6-5.4 nats after any step that
+        forgets, and the walk-back undid every pass: measured, seeds 178 (7 clients alpha 0.1, client)
+        and 179 (class) kept U-KR 0.972 and 0.818. As the bound for every request, 2 nats carried both
+        out but left one of 48 cells undone that 0.5 carried out (176, 7 clients alpha 0.1, class: U-KR
+        0.939); as a retry it ran in exactly three of the 48 and carried each out: 178 client U-KR 0.000,
+        test accuracy 0.972 against retrain's 0.964; 179 class 0.000, 0.978 against 0.981; 174 (10
+        clients alpha 0.5, sample) 0.000, 0.978 against 0.972 (docs/lethe-log.md, "Lethe's bounds on
+        recipe B"). Restore's own bound (``lethe-max-retain-rise``) is the same in the retry: it never
+        keeps a model with less utility than the first attempt may."""
+        cfg = ctx.cfg
+        first = self.attempt(ctx, offset=0)
+        retry_rise = cfg["lethe-retry-backbone-rise"]
+        if carried_out(first.details) is not False or retry_rise <= cfg["lethe-max-backbone-rise"]:
+            return first
+        log.warning("[lethe] the request was not carried out: one more attempt from the original with "
+                    "lethe-max-backbone-rise %g (lethe-retry-backbone-rise)", retry_rise)
+        looser = dataclasses.replace(ctx, cfg=Config({**cfg.as_dict(), "lethe-max-backbone-rise": retry_rise},
+                                                     cfg.presets))
+        retry = self.attempt(looser, offset=self.round_offset + PASS_ROUNDS_EXTRA + cfg["lethe-rectify-rounds"]
+                             + cfg["lethe-restore-rounds"])
+        kept = carried_out(retry.details) is True
+        log.warning("[lethe] retry with lethe-max-backbone-rise %g: the request %s; the %s attempt is kept", retry_rise,
+                    "is carried out" if kept else "is still not carried out", "second" if kept else "first")
+        chosen = retry if kept else first
+        chosen.details["retry"] = {"backbone_rise": retry_rise, "kept": kept,
+                                   "other": {k: v for k, v in (first if kept else retry).details.items()
+                                             if k in ("kept_pass", "kept_still_knows", "utility")}}
+        return chosen
+
+    def attempt(self, ctx: UnlearnContext, offset: int) -> UnlearnResult:
         """Amplify, rectify and restore (:meth:`one_pass`); then, while the forget clients find the
         restored model still knows the forget set (:meth:`still_known`), at most
         ``lethe-verify-passes`` more passes, each from the model the last one left.
@@ -194,7 +237,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         warning says the request was not carried out: a model that still holds the forget data is a
         failed request the operator sees, a model that lost its utility would be a quiet one."""
         cfg = ctx.cfg
-        self.round_offset = 0
+        self.round_offset = self.attempt_offset = offset
         arrays, details = self.one_pass(ctx)
         start_loss = details["rectify_guard"].get("start_retain_loss")  # the retained clients' loss of the original
         details["utility"] = pass_utility(details["rectify_guard"], start_loss, cfg["lethe-max-retain-rise"])
@@ -217,7 +260,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
             log.warning("[lethe] verify: the restored model still predicts %.3f of the forget set as its label "
                         "(at most %.3f allowed): pass %d from it", check["forget_acc"], check["bound"],
                         len(models) + 1)
-            self.round_offset += cfg["lethe-rectify-rounds"] + cfg["lethe-restore-rounds"] + 3
+            self.round_offset += cfg["lethe-rectify-rounds"] + cfg["lethe-restore-rounds"] + PASS_ROUNDS_EXTRA
             arrays, more = self.one_pass(dataclasses.replace(ctx, original=ModelState(arrays)), start_loss=start_loss)
             details.setdefault("passes", []).append(more)
             more["utility"] = pass_utility(more["rectify_guard"], start_loss, cfg["lethe-max-retain-rise"])
@@ -296,3 +339,14 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
             reference, bound = None, cfg["lethe-verify-forget-acc"]
         return {"forget_acc": acc, "reference": reference, "bound": bound, "known": acc > bound,
                 "forget_n": counts["forget-n"], "test_n": n_test}
+
+
+def carried_out(details: dict) -> bool | None:
+    """Did an attempt carry the request out? False where it returned the original (pass 1 broke the
+    retained bound) or its kept model still knows the forget set; True where the forget clients'
+    check passed; None where nothing judged it (no check: the LLM task, or the checks off)."""
+    if details.get("kept_pass") == 0:
+        return False
+    if "kept_still_knows" not in details:
+        return None
+    return not details["kept_still_knows"]

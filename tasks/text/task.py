@@ -11,7 +11,7 @@ MIA, features) runs unchanged on the packed tensors. Requests are the vision one
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -47,7 +47,6 @@ class TextTask(VisionTask):
 
     source: str = "synthetic"
     default_encoder: str = "minilm"
-    presets: dict = field(default_factory=dict)
     kind = "text"
     smoke = {"text-synthetic-per-class": 20, "text-max-length": 24}
 

@@ -10,7 +10,7 @@ read their own files (``data-path``, ``tasks.node_data``) and apply the request 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,6 +44,7 @@ class VisionTask(Task):
     arch: str
     num_classes: int
     in_channels: int
+    presets: dict = field(default_factory=dict)
     kind = "vision"
 
     # --- data and model -------------------------------------------------------------------

@@ -709,10 +709,13 @@ def test_an_attempt_that_left_the_request_undone_is_retried_from_the_original_wi
     assert "one more attempt from the original with lethe-max-backbone-rise 2" in caplog.text
 
 
-def test_a_retry_that_does_not_carry_the_request_out_either_is_not_kept():
+def test_where_neither_attempt_carries_the_request_out_the_one_that_knows_less_is_kept():
     weight, details, lethe = verified([counts(90), counts(80), counts(95), counts(85)], **RETRY)
-    assert weight == 2.0 and len(lethe.starts) == 4  # the first attempt's model that knows least
+    assert weight == 2.0 and len(lethe.starts) == 4  # the first attempt's model that knows least (0.80)
     assert details["retry"]["kept"] is False and details["retry"]["other"]["kept_still_knows"] is True
+    weight, details, lethe = verified([counts(90), counts(80), counts(10), counts(7)], **RETRY)
+    assert weight == 4.0 and details["kept_still_knows"] is True  # the retry's 0.07 against 0.80
+    assert details["retry"]["kept"] is True and details["retry"]["other"]["kept_pass"] == 2
 
 
 def test_a_first_pass_that_broke_utility_is_retried_and_the_retry_is_held_to_the_same_bound():

@@ -60,8 +60,6 @@ from tasks.plugins import specs_to_json
 
 log = logging.getLogger("fedunlearn")
 
-PASS_ROUNDS_EXTRA = 3  # round numbers a pass uses beyond its rectify and restore rounds (amplify, checks)
-
 VERIFY_Z = 1.645  # one-sided 95 % normal quantile: the client check's margin over the clean-data reference
 
 
@@ -203,13 +201,12 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
                     "lethe-max-backbone-rise %g (lethe-retry-backbone-rise)", retry_rise)
         looser = dataclasses.replace(ctx, cfg=Config({**cfg.as_dict(), "lethe-max-backbone-rise": retry_rise},
                                                      cfg.presets))
-        retry = self.attempt(looser, offset=self.round_offset + PASS_ROUNDS_EXTRA + cfg["lethe-rectify-rounds"]
-                             + cfg["lethe-restore-rounds"])
-        kept = carried_out(retry.details) is True or known_share(retry.details) < known_share(first.details)
+        retry = self.attempt(looser, offset=self.round_offset + pass_rounds(cfg))
+        done, shares = carried_out(retry.details) is True, (known_share(retry.details), known_share(first.details))
+        kept = done or shares[0] < shares[1]
         log.warning("[lethe] retry with lethe-max-backbone-rise %g: the request %s (the kept model predicts %.3f of the "
                     "forget set as its label, the first attempt's %.3f); the %s attempt is kept", retry_rise,
-                    "is carried out" if carried_out(retry.details) else "is still not carried out",
-                    known_share(retry.details), known_share(first.details), "second" if kept else "first")
+                    "is carried out" if done else "is still not carried out", *shares, "second" if kept else "first")
         chosen = retry if kept else first
         chosen.details["retry"] = {"backbone_rise": retry_rise, "kept": kept,
                                    "other": {k: v for k, v in (first if kept else retry).details.items()
@@ -266,7 +263,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
             log.warning("[lethe] verify: the restored model still predicts %.3f of the forget set as its label "
                         "(at most %.3f allowed): pass %d from it", check["forget_acc"], check["bound"],
                         len(models) + 1)
-            self.round_offset += cfg["lethe-rectify-rounds"] + cfg["lethe-restore-rounds"] + PASS_ROUNDS_EXTRA
+            self.round_offset += pass_rounds(cfg)
             arrays, more = self.one_pass(dataclasses.replace(ctx, original=ModelState(arrays)), start_loss=start_loss)
             details.setdefault("passes", []).append(more)
             more["utility"] = pass_utility(more["rectify_guard"], start_loss, cfg["lethe-max-retain-rise"])
@@ -345,6 +342,12 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
             reference, bound = None, cfg["lethe-verify-forget-acc"]
         return {"forget_acc": acc, "reference": reference, "bound": bound, "known": acc > bound,
                 "forget_n": counts["forget-n"], "test_n": n_test}
+
+
+def pass_rounds(cfg) -> int:
+    """The round numbers one pass takes: its rectify and restore rounds and three more (amplify and the
+    reports on its models), so that the next pass, or a retry, draws seeds of its own."""
+    return cfg["lethe-rectify-rounds"] + cfg["lethe-restore-rounds"] + 3
 
 
 def known_share(details: dict) -> float:

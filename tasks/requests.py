@@ -71,12 +71,17 @@ class ClientData:
     pretrain_only_x: torch.Tensor = field(default_factory=lambda: torch.zeros(EMPTY_X_SHAPE))
     pretrain_only_y: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
 
-    def split(self, role: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def split(self, role: str, *, all_data: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Training data of a role: ``all`` (retain + forget, plus ``pretrain_only``: the backdoor
-        client's clean copies, see :func:`apply_request`), ``retain`` or ``forget``."""
+        client's clean copies, see :func:`apply_request`), ``retain`` or ``forget``. ``all_data``: the
+        ``forget`` role also holds the clean copies, so that it is all the data this client trained (a
+        method whose forget stream is the leaving client's whole contribution)."""
         if role == "retain":
             return self.retain_x, self.retain_y
         if role == "forget":
+            if all_data and len(self.pretrain_only_y):
+                return (torch.cat([self.forget_x, self.pretrain_only_x]),
+                        torch.cat([self.forget_y, self.pretrain_only_y]))
             return self.forget_x, self.forget_y
         if role == "all":
             parts = [(self.retain_x, self.retain_y), (self.forget_x, self.forget_y)]

@@ -69,6 +69,20 @@ def test_train_for_two_roles_returns_one_update_per_role_from_the_same_model():
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in still["arrays"].to_torch_state_dict().items())
 
 
+def test_a_forget_all_data_message_trains_the_leaving_clients_clean_copies_too():
+    """``forget-all-data`` (Lethe's client-level forget stream): the backdoor client's forget role
+    trains its triggered samples and the clean copies it also trained; its forget-set role fewer."""
+    run = {**RUN, "poison": "backdoor"}
+    arrays = ArrayRecord(task_for("digits-lenet5").build_model([], seed=0).state_dict())
+
+    def examples(**config):
+        reply = app(_message("train", arrays, role="forget", epochs=1, lr=0.05, **config), _context(pid=1, run=run))
+        return reply.content["metrics"]["num-examples"]
+
+    hello = app(_message("query.hello"), _context(pid=1, run=run)).content["hello"]
+    assert examples() == hello["n-forget"] < examples(**{"forget-all-data": True})
+
+
 def test_train_plugins_scope_uploads_only_the_adapter():
     plugins = [{"kind": "lethe-adapter", "seed": 0}]
     model = task_for("digits-lenet5").build_model(plugins, seed=0)

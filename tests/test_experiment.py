@@ -183,6 +183,26 @@ def test_lethe_runs_its_three_phases(tmp_path):
     assert paper["models"]["unlearned"] != results["models"]["unlearned"]
 
 
+def test_lethes_client_forget_stream_is_all_the_leaving_clients_data_unless_asked_otherwise(tmp_path, monkeypatch):
+    """Every train message of Lethe's forget stream (amplify, rectify, restore) asks the leaving client
+    for all its training data (``forget-all-data``); with lethe-client-forget-stream=forget-set none does."""
+    flags = []
+    send = InProcessGrid.send_and_receive
+
+    def recording(self, messages, **kwargs):
+        messages = list(messages)
+        flags.extend(m.content["config"].get("forget-all-data", False) for m in messages
+                     if m.metadata.message_type == "train" and str(m.content["config"]["role"]).startswith("forget"))
+        return send(self, messages, **kwargs)
+
+    monkeypatch.setattr(InProcessGrid, "send_and_receive", recording)
+    run(tmp_path, method="lethe", scenario="client", poison="backdoor")
+    assert len(flags) == 4 and all(flags)  # amplify, rectify, restore and the reports on its model
+    flags.clear()
+    run(tmp_path, method="lethe", scenario="client", poison="backdoor", **{"lethe-client-forget-stream": "forget-set"})
+    assert len(flags) == 4 and not any(flags)
+
+
 def test_lethe_checks_its_restored_model_at_the_forget_clients_and_passes_again_while_it_knows(tmp_path):
     """With no rectify and no restore round a pass changes nothing: the forget clients' check finds the
     class still known, a second pass runs from the first one's model, and the check equals the

@@ -14,6 +14,7 @@ from flwr.app import ArrayRecord
 
 from strategies.common.base import UnlearnContext
 from strategies.common.federation import Federation, RunStopped
+from strategies.lethe.settings import scenario_setting
 from strategies.lethe.strategy import Lethe
 from strategies.lethe.maths import OVERSHOOT, rectify_verdict, scale_update
 from tasks.config import parse_config
@@ -84,8 +85,9 @@ class Linear(torch.nn.Module):
 
 def rectify(script, rounds=5, forget_delta=-1.0, start=0.0, retain_delta=1.0, forget_accs=(), later_pass=False,
             **overrides):
+    # the base bounds (0.5 nats): the client scenario's own apply to its widened forget stream only
     cfg = parse_config({"method": "lethe", "scenario": "client", "lethe-rectify-rounds": rounds,
-                        "lethe-step-clip": 1.0, **overrides})
+                        "lethe-step-clip": 1.0, "lethe-client-forget-stream": "forget-set", **overrides})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -199,7 +201,7 @@ def test_restore_rolls_back_an_unchecked_last_step_that_overshot():
     """The round cap ended rectification: restore's first round reports the forget loss of the last
     step's model; past 3x the stop it is rolled back and the round is run again from the model before."""
     cfg = parse_config({"method": "lethe", "scenario": "client", "lethe-rectify-rounds": 2,
-                        "lethe-restore-rounds": 1})
+                        "lethe-restore-rounds": 1, "lethe-client-forget-stream": "forget-set"})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -563,7 +565,7 @@ class PassScriptedLethe(Lethe):
 
     def one_pass(self, ctx, start_loss=None):
         self.start_losses.append(start_loss)
-        self.rises.append(ctx.cfg["lethe-max-backbone-rise"])
+        self.rises.append(scenario_setting(ctx.cfg, "lethe-max-backbone-rise"))
         self.later.append(self.later_pass)
         self.starts.append(float(ctx.original.arrays.to_torch_state_dict()["lin.weight"][0, 0]))
         self.offsets.append(self.round_offset)
@@ -732,6 +734,33 @@ def test_no_retry_where_the_request_was_carried_out_unjudged_or_the_retry_bound_
                                 "lethe-retry-backbone-rise": 0.5}), ([None], RETRY)):
         weight, details, lethe = verified(scripted, **overrides)
         assert "retry" not in details and lethe.rises == [0.5] * len(lethe.starts)
+
+
+def test_the_client_scenario_widens_its_forget_stream_and_takes_its_own_bounds_only_where_it_does():
+    """Client scenario, vision task: the forget stream is all the leaving client's data and the bounds are
+    the -client twins; with lethe-client-forget-stream=forget-set, in another scenario, or on the LLM
+    task (whose client forget set is already all its records), neither."""
+    from strategies.lethe.strategy import forget_data
+
+    def bounds(**run):
+        cfg = parse_config({"method": "lethe", **run})
+        return (forget_data(cfg), scenario_setting(cfg, "lethe-max-retain-rise"),
+                scenario_setting(cfg, "lethe-max-backbone-rise"))
+
+    assert bounds(scenario="client") == ({"forget-all-data": True}, 2.0, 2.0)
+    assert bounds(scenario="client", **{"lethe-max-retain-rise-client": 1.5}) == ({"forget-all-data": True}, 1.5, 2.0)
+    assert bounds(scenario="client", **{"lethe-client-forget-stream": "forget-set"}) == ({}, 0.5, 0.5)
+    assert bounds(scenario="sample") == ({}, 0.5, 0.5)
+    assert bounds(scenario="client", task="llm-tofu", **{"lethe-adapter-steps": 0}) == ({}, 0.5, 0.5)
+
+
+def test_the_client_scenarios_retry_loosens_the_bound_it_runs_under():
+    """The retry raises the walk-back bound in effect: the client twin (2.0 -> 3.0), not the base key."""
+    weight, details, lethe = verified([counts(90), counts(80), counts(0)], scenario="client",
+                                      **{**RETRY, "lethe-retry-backbone-rise": 3.0})
+    assert lethe.rises == [2.0, 2.0, 3.0] and details["retry"]["kept"] is True
+    _, details, lethe = verified([counts(90), counts(80)], scenario="client", **RETRY)
+    assert "retry" not in details and lethe.rises == [2.0, 2.0]  # not looser than the twin: no retry
 
 
 def test_verify_off_or_unmeasurable_leaves_one_pass():

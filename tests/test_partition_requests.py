@@ -110,6 +110,20 @@ def test_client_backdoor_triggers_at_most_backdoor_share_of_the_federation(image
     assert len(own_files.forget_y) == int((y != 0).sum())
 
 
+def test_the_forget_role_with_all_data_is_everything_the_leaving_client_trained(images):
+    """A backdoor client's forget role with ``all_data``: its triggered samples, then its clean copies
+    (what retrain drops with it); without it, or where a request has no clean copies, the forget set."""
+    cfg = parse_config({"scenario": "client", "poison": "backdoor", "forget-client": 2, "trigger-size": 4},
+                       num_clients=N)
+    data = build_client_data(cfg, images, 2, N)
+    x, y = data.split("forget", all_data=True)
+    assert len(y) == len(data.forget_y) + len(data.pretrain_only_y) > len(data.split("forget")[1])
+    n = len(data.forget_y)
+    assert torch.equal(x[:n], data.forget_x) and torch.equal(y[n:], data.pretrain_only_y)
+    sample = build_client_data(parse_config({"scenario": "sample", "forget-client": 1}, num_clients=N), images, 1, N)
+    assert torch.equal(sample.split("forget", all_data=True)[1], sample.forget_y)
+
+
 def test_a_backdoor_client_holding_only_the_target_class_is_refused():
     cfg = parse_config({"scenario": "client", "poison": "backdoor", "backdoor-target": 3})
     x, y = torch.rand(6, 1, 8, 8), torch.full((6,), 3)

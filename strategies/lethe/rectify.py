@@ -61,7 +61,8 @@ class RectifyPhase:
         if lift_on and self.later_pass:  # restore has just fit the retained data (lethe-verify-lift)
             lift_floor = max(lift_floor, cfg["lethe-verify-lift"])
         local = {"scope": "base", "lr": lr, "epochs": cfg["lethe-epochs"]}
-        judge = _Judge(cfg["lethe-stop-loss"], cfg["lethe-max-retain-rise"], relative=self.later_pass)
+        judge = _Judge(cfg["lethe-stop-loss"], scenario_setting(cfg, "lethe-max-retain-rise"),
+                       relative=self.later_pass)
         guard: dict = {"action": "none"}
         previous = None  # (state before the last applied step, the step, its retain views, its round)
         checkpoints: list[State] = []  # the state before every applied step, oldest first

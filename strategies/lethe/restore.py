@@ -14,6 +14,7 @@ from typing import NamedTuple
 from strategies.common.base import UnlearnContext
 from strategies.common.fedavg_rounds import mean_update
 from strategies.lethe.maths import layer_alignment, rectify_verdict, remove_forget_component, scale_update
+from strategies.lethe.settings import scenario_setting
 from strategies.lethe.views import State, apply_step, losses_before, mean_loss, retain_losses
 from tasks.validity import nonfinite_tensors
 
@@ -83,6 +84,8 @@ class RestorePhase:
         rounds (they only ever add candidates), and one that would make the model non-finite ends
         them (``guard["restore_stopped_round"]``) without counting as a failed restore."""
         cfg, fed = ctx.cfg, ctx.fed
+        retain_rise = scenario_setting(cfg, "lethe-max-retain-rise")
+        backbone_rise = scenario_setting(cfg, "lethe-max-backbone-rise")
         guard = {} if guard is None else guard
         param_names = [n for n, _ in ctx.model_factory([]).named_parameters()]
         buffer_names = [k for k in state if k not in param_names]
@@ -101,7 +104,7 @@ class RestorePhase:
             fed.cost(fed.phase).rounds += 1
             if check:
                 verdict = rectify_verdict(forget_loss, guard.get("stop_loss", cfg["lethe-stop-loss"]), None, None,
-                                          cfg["lethe-max-retain-rise"])
+                                          retain_rise)
                 if verdict in ("explode", "overshoot"):
                     log.warning("[lethe] guard: the last rectify step gives forget loss %.3g (%s): rolled back",
                                 forget_loss, verdict)
@@ -114,7 +117,7 @@ class RestorePhase:
                         checkpoints.pop()  # the fallback is the newest checkpoint
             if t == 1 and reference is not None:
                 undone = None  # the last state walked back from
-                while checkpoints and not _backbone_ok(retain_views, reference, cfg["lethe-max-backbone-rise"]):
+                while checkpoints and not _backbone_ok(retain_views, reference, backbone_rise):
                     loss = mean_loss(retain_views)
                     log.warning("[lethe] guard: the rectified backbone's retained loss is %.3g against %.3g on the "
                                 "start: one rectification step undone", loss, reference)
@@ -123,7 +126,7 @@ class RestorePhase:
                     forget_views, retain_views, _ = self._streams(ctx, state, [], round_no=round_no, **local)
                     fed.cost(fed.phase).rounds += 1
                 if undone is not None and cfg["lethe-backbone-search"] and _backbone_ok(
-                        retain_views, reference, cfg["lethe-max-backbone-rise"]):
+                        retain_views, reference, backbone_rise):
                     state, forget_views, retain_views = self._backbone_search(
                         ctx, state, undone, (forget_views, retain_views), reference, round_no, local, guard,
                         checkpoints)
@@ -141,7 +144,7 @@ class RestorePhase:
                          t - rounds)
             now, then = retain_losses(retain_views, baseline)
             if not extra and before is not None and now is not None and not (
-                    math.isfinite(now) and now <= then + cfg["lethe-max-retain-rise"]):
+                    math.isfinite(now) and now <= then + retain_rise):
                 log.warning("[lethe] guard: after restore round %d the retained loss is %.3g against %.3g: "
                             "that step is rolled back, restore stops", t - 1, now, then)
                 guard["restore_rolled_back_round"] = t - 1
@@ -187,7 +190,8 @@ class RestorePhase:
         cfg, fed = ctx.cfg, ctx.fed
         low, high, best = 0.0, 1.0, (start, *views)
         start_loss = guard["backbone_checkpoint_loss"] = mean_loss(views[1])
-        bound = min(reference + cfg["lethe-max-backbone-rise"], start_loss + cfg["lethe-backbone-search-rise"])
+        bound = min(reference + scenario_setting(cfg, "lethe-max-backbone-rise"),
+                    start_loss + cfg["lethe-backbone-search-rise"])
         probes = guard["backbone_search"] = []
         for _ in range(cfg["lethe-backbone-search"]):
             mid = (low + high) / 2
@@ -227,7 +231,7 @@ class RestorePhase:
         0.947). The same backbone restored at half the lr gave 0.933, at a quarter 0.936. A
         restore within the bound at the run's lr is not touched, so the constant-lr runs measured
         before this rule are unchanged (none of the 48 cells of seeds 124-131 broke the bound)."""
-        rise = ctx.cfg["lethe-max-retain-rise"]
+        rise = scenario_setting(ctx.cfg, "lethe-max-retain-rise")
         attempts: list[_Attempt] = []
         for halving in range(RESTORE_HALVINGS + 1):
             scale = 0.5 ** halving

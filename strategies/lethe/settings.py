@@ -49,10 +49,18 @@ SETTINGS: tuple[Setting, ...] = (
             "client scenario: rectification also stops once the backbone predicts no larger share of the forget set "
             "as the backdoor target than of the forget clients' clean local test data of the other classes (one "
             "evaluate message a round), and the verify check allows that share plus a one-sided 95 % margin"),
+    setting("lethe-client-forget-stream", str, "all-data",
+            "client scenario: all-data: the forget stream is all the leaving client's training data, the clean copies "
+            "a backdoor client also trained included (the paper's client-level streams); forget-set: only the "
+            "request's forget set (the triggered samples); the forget checks read the forget set either way",
+            one_of(("all-data", "forget-set"))),
     setting("lethe-max-backbone-rise", float, 0.5,
             "restore guard: while the first restore round's retained loss (the adapter-free backbone) is more than "
             "this many nats above the retained loss on the model rectification started from, one rectification step "
             "is undone", positive()),
+    setting("lethe-max-backbone-rise-client", float, 2.0,
+            "lethe-max-backbone-rise where the client scenario's forget stream is all the leaving client's data "
+            "(lethe-client-forget-stream=all-data; vision and text tasks)", positive()),
     setting("lethe-backbone-search", int, 3,
             "restore guard: after the walk-back undid a rectification step, this many bisection probes (one round "
             "each) for the largest fraction of that step whose backbone retained loss is still within "
@@ -89,8 +97,11 @@ SETTINGS: tuple[Setting, ...] = (
         "model they rate this much worse than the original runs again at half, then a quarter of the lr; a later "
         "verify pass still above it is not kept, a first pass still above it returns the original model (the "
         "request not carried out)", positive()),
+    setting("lethe-max-retain-rise-client", float, 2.0,
+            "lethe-max-retain-rise where the client scenario's forget stream is all the leaving client's data "
+            "(lethe-client-forget-stream=all-data; vision and text tasks)", positive()),
     setting("lethe-restore-rounds", int, 5, "utility-recovery rounds after the adapter is dropped", at_least(0)),
-    setting("lethe-restore-extra-rounds", int, 10,
+    setting("lethe-restore-extra-rounds", int, 30,
         "rectified restore: while no model restore may keep (one after at least two restore steps) has a retained "
         "loss within lethe-restore-target-rise of the retained clients' loss on the model rectification started "
         "from (each the received model's loss before training, the temporary adapter bypassed), up to this many "
@@ -116,12 +127,29 @@ def check_settings(cfg) -> None:
 
 # Keys whose good value depends on the request's scenario: the base key holds the value of the
 # other scenarios, its twin (declared above) replaces it in that scenario (docs/lethe.md says why).
+# The client scenario's twins apply only where its forget stream is widened (widens_client_stream).
 BY_SCENARIO = {
     "class": {"lethe-lr": "lethe-lr-class", "lethe-step-clip": "lethe-step-clip-class",
               "lethe-clip-floor": "lethe-clip-floor-class"},
+    "client": {"lethe-max-retain-rise": "lethe-max-retain-rise-client",
+               "lethe-max-backbone-rise": "lethe-max-backbone-rise-client"},
 }
 
 
+def widens_client_stream(cfg) -> bool:
+    """Is Lethe's forget stream all the leaving client's training data rather than the request's forget
+    set? Client scenario with ``lethe-client-forget-stream=all-data``, on a vision or text task (an
+    LLM client's forget set is already all its records)."""
+    return cfg["scenario"] == "client" and cfg["lethe-client-forget-stream"] == "all-data" and cfg.task.kind != "llm"
+
+
+def scenario_key(cfg, key: str) -> str:
+    """The key that holds ``key``'s value in this run: its scenario's twin (:data:`BY_SCENARIO`), else ``key``."""
+    if cfg["scenario"] == "client" and not widens_client_stream(cfg):
+        return key
+    return BY_SCENARIO.get(cfg["scenario"], {}).get(key, key)
+
+
 def scenario_setting(cfg, key: str):
-    """``cfg[key]``, or its twin's value in a scenario that has one (:data:`BY_SCENARIO`)."""
-    return cfg[BY_SCENARIO.get(cfg["scenario"], {}).get(key, key)]
+    """``cfg[key]``, or its twin's value in a scenario that has one (:func:`scenario_key`)."""
+    return cfg[scenario_key(cfg, key)]

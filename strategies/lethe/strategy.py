@@ -53,7 +53,7 @@ from strategies.common.federation import RoundFailed
 from strategies.lethe.adapter import ADAPTER_KIND
 from strategies.lethe.rectify import RectifyPhase
 from strategies.lethe.restore import RestorePhase, pass_utility
-from strategies.lethe.settings import scenario_setting
+from strategies.lethe.settings import scenario_key, scenario_setting, widens_client_stream
 from strategies.lethe.views import State, mean_forget_loss, role_view, train_content, without_adapter
 from tasks.config import Config
 from tasks.plugins import specs_to_json
@@ -99,7 +99,8 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         arrays = ArrayRecord(state)
         asked = [role for role in str(config.get("report-loss-before", "")).split(",") if role]
         reported = (["forget"] if stop_loss is not None else []) + asked
-        forget_config = {**config, "report-loss-before": ",".join(reported), "loss-before-bypass": ADAPTER_KIND}
+        forget_config = {**config, **forget_data(ctx.cfg), "report-loss-before": ",".join(reported),
+                         "loss-before-bypass": ADAPTER_KIND}
         contents = {role: train_content(arrays, plugins, role=role, round_no=round_no, **forget_config)
                     for role in ("forget", "forget+retain")}
         messages = [Message(contents["forget+retain" if n in both else "forget"], dst_node_id=n, message_type="train")
@@ -128,7 +129,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         model.load_state_dict({**model.state_dict(), **base})
         round_no = 1 + self.round_offset
         content = train_content(ArrayRecord(model.state_dict()), plugins, role="forget", round_no=round_no,
-                                 objective="adapter-ascent", scope="plugins",
+                                 objective="adapter-ascent", scope="plugins", **forget_data(cfg),
                                  **{"max-steps": cfg["lethe-adapter-steps"], "lr": cfg["lethe-adapter-lr"]})
         replies = ctx.fed.broadcast(ctx.fed.nodes_with("n-forget"), "train", content, round_no=round_no,
                                     require_all=True)
@@ -194,18 +195,17 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         (seed 180, 10 clients alpha 0.5, class), the first kept 0.549 of the class, the retry 0.070."""
         cfg = ctx.cfg
         first = self.attempt(ctx, offset=0)
-        retry_rise = cfg["lethe-retry-backbone-rise"]
-        if carried_out(first.details) is not False or retry_rise <= cfg["lethe-max-backbone-rise"]:
+        retry_rise, bound_key = cfg["lethe-retry-backbone-rise"], scenario_key(cfg, "lethe-max-backbone-rise")
+        if carried_out(first.details) is not False or retry_rise <= cfg[bound_key]:
             return first
         log.warning("[lethe] the request was not carried out: one more attempt from the original with "
-                    "lethe-max-backbone-rise %g (lethe-retry-backbone-rise)", retry_rise)
-        looser = dataclasses.replace(ctx, cfg=Config({**cfg.as_dict(), "lethe-max-backbone-rise": retry_rise},
-                                                     cfg.presets))
+                    "%s %g (lethe-retry-backbone-rise)", bound_key, retry_rise)
+        looser = dataclasses.replace(ctx, cfg=Config({**cfg.as_dict(), bound_key: retry_rise}, cfg.presets))
         retry = self.attempt(looser, offset=self.round_offset + pass_rounds(cfg))
         done, shares = carried_out(retry.details) is True, (known_share(retry.details), known_share(first.details))
         kept = done or shares[0] < shares[1]
-        log.warning("[lethe] retry with lethe-max-backbone-rise %g: the request %s (the kept model predicts %.3f of the "
-                    "forget set as its label, the first attempt's %.3f); the %s attempt is kept", retry_rise,
+        log.warning("[lethe] retry with %s %g: the request %s (the kept model predicts %.3f of the "
+                    "forget set as its label, the first attempt's %.3f); the %s attempt is kept", bound_key, retry_rise,
                     "is carried out" if done else "is still not carried out", *shares, "second" if kept else "first")
         chosen = retry if kept else first
         chosen.details["retry"] = {"backbone_rise": retry_rise, "kept": kept,
@@ -243,7 +243,8 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         self.round_offset = self.attempt_offset = offset
         arrays, details = self.one_pass(ctx)
         start_loss = details["rectify_guard"].get("start_retain_loss")  # the retained clients' loss of the original
-        details["utility"] = pass_utility(details["rectify_guard"], start_loss, cfg["lethe-max-retain-rise"])
+        retain_rise = scenario_setting(cfg, "lethe-max-retain-rise")
+        details["utility"] = pass_utility(details["rectify_guard"], start_loss, retain_rise)
         if details["utility"]["broken"]:
             log.warning("[lethe] pass 1's restored model has a retained loss of %.3g against %.3g on the original "
                         "(bound %.3g): the original model is kept and the request is not carried out",
@@ -266,7 +267,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
             self.round_offset += pass_rounds(cfg)
             arrays, more = self.one_pass(dataclasses.replace(ctx, original=ModelState(arrays)), start_loss=start_loss)
             details.setdefault("passes", []).append(more)
-            more["utility"] = pass_utility(more["rectify_guard"], start_loss, cfg["lethe-max-retain-rise"])
+            more["utility"] = pass_utility(more["rectify_guard"], start_loss, retain_rise)
             if more["utility"]["broken"]:
                 log.warning("[lethe] verify: pass %d's restored model has a retained loss of %.3g against %.3g on the "
                             "original: not kept, no further pass", len(models) + 1, more["utility"]["retain_loss"],
@@ -342,6 +343,21 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
             reference, bound = None, cfg["lethe-verify-forget-acc"]
         return {"forget_acc": acc, "reference": reference, "bound": bound, "known": acc > bound,
                 "forget_n": counts["forget-n"], "test_n": n_test}
+
+
+def forget_data(cfg) -> dict:
+    """The forget stream's train-message config: ``forget-all-data`` where the stream is all the leaving
+    client's training data (:func:`strategies.lethe.settings.widens_client_stream`), else nothing.
+
+    The Lethe paper builds the client-level forget stream from all data of the unlearning client. Our
+    backdoor client also trained a clean copy of each sample (so that the original stays usable), and
+    retrain drops those too: where it held most of a class, retrain loses the class, and a forget stream
+    of the triggered samples alone kept it. Measured on seeds 176-184 (7 clients alpha 0.1, client; test
+    accuracy within 0.03 of retrain's): 3 of 9 with the triggered samples, 7 of 9 with all the client's
+    data, the client scenario's bounds at 2 nats and 30 extra restore rounds (10 clients alpha 0.5: 9 of
+    9 either way); with the bounds at 0.5 it left the backdoor in two cells (docs/lethe-log.md, "The
+    leaving client's whole data as Lethe's forget stream")."""
+    return {"forget-all-data": True} if widens_client_stream(cfg) else {}
 
 
 def pass_rounds(cfg) -> int:

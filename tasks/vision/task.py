@@ -132,7 +132,7 @@ class VisionTask(Task):
 
         device = device_for()
         scope = str(conf.get("scope", "all"))
-        x, y = data.split(role)
+        x, y = data.split(role, all_data=bool(conf.get("forget-all-data", False)))
         metrics = {"num-examples": len(y)}
         if reports_loss_before(conf, role):
             bypass = set(str(conf.get("loss-before-bypass", "")).split(",")) - {""}

@@ -561,7 +561,7 @@ class PassScriptedLethe(Lethe):
         super().__init__()
         self.counts, self.guards, self.starts, self.offsets = list(counts), list(guards), [], []
         self.start_losses = []  # the original's retained loss each pass was given
-        self.rises, self.later = [], []  # each pass's lethe-max-backbone-rise and whether it was a verify pass
+        self.rises, self.later = [], []  # each pass's walk-back bound in effect and whether it was a verify pass
 
     def one_pass(self, ctx, start_loss=None):
         self.start_losses.append(start_loss)

@@ -71,9 +71,9 @@ SETTINGS: tuple[Setting, ...] = (
             positive()),
     setting("lethe-retry-backbone-rise", float, 2.0,
             "where an attempt leaves the request not carried out (the original returned, or the kept model still "
-            "knows the forget set), one more attempt from the original with lethe-max-backbone-rise at this value, "
-            "kept where it carries the request out or else knows less of the forget set than the first; at most "
-            "lethe-max-backbone-rise = no retry", positive()),
+            "knows the forget set), one more attempt from the original with the walk-back bound in effect "
+            "(lethe-max-backbone-rise, or its -client twin) at this value, kept where it carries the request out or "
+            "else knows less of the forget set than the first; at most that bound = no retry", positive()),
     setting("lethe-restore-retries", int, 2,
             "restore guard: when restore's own guard acts (a restore step rolled back or refused), restore again from "
             "the backbone one rectification step earlier, at most this many times", at_least(0)),

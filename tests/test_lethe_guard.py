@@ -562,11 +562,13 @@ class PassScriptedLethe(Lethe):
         self.counts, self.guards, self.starts, self.offsets = list(counts), list(guards), [], []
         self.start_losses = []  # the original's retained loss each pass was given
         self.rises, self.later = [], []  # each pass's walk-back bound in effect and whether it was a verify pass
+        self.streams = []  # each pass's lethe-client-forget-stream
 
     def one_pass(self, ctx, start_loss=None):
         self.start_losses.append(start_loss)
         self.rises.append(scenario_setting(ctx.cfg, "lethe-max-backbone-rise"))
         self.later.append(self.later_pass)
+        self.streams.append(ctx.cfg["lethe-client-forget-stream"])
         self.starts.append(float(ctx.original.arrays.to_torch_state_dict()["lin.weight"][0, 0]))
         self.offsets.append(self.round_offset)
         k = len(self.starts)
@@ -759,8 +761,35 @@ def test_the_client_scenarios_retry_loosens_the_bound_it_runs_under():
     weight, details, lethe = verified([counts(90), counts(80), counts(0)], scenario="client",
                                       **{**RETRY, "lethe-retry-backbone-rise": 3.0})
     assert lethe.rises == [2.0, 2.0, 3.0] and details["retry"]["kept"] is True
-    _, details, lethe = verified([counts(90), counts(80)], scenario="client", **RETRY)
-    assert "retry" not in details and lethe.rises == [2.0, 2.0]  # not looser than the twin: no retry
+    assert "stream_fallback" not in details and lethe.streams == ["all-data"] * 3  # carried out: no fallback
+
+
+def test_a_request_the_whole_data_stream_left_undone_runs_again_with_the_forget_set_as_the_stream(caplog):
+    """Client scenario: the retry bound is not looser than the twin (no retry), both passes with all the
+    client's data still know the forget set (0.90, 0.80): the whole run again from the original with the
+    forget set as the stream, its bounds the base keys, its rounds its own; it forgets and is kept."""
+    with caplog.at_level("WARNING", logger="fedunlearn"):
+        weight, details, lethe = verified([counts(90), counts(80), counts(0)], scenario="client", **RETRY)
+    assert weight == 3.0 and lethe.starts == [0.0, 1.0, 0.0] and lethe.later == [False, True, False]
+    assert lethe.streams == ["all-data", "all-data", "forget-set"] and lethe.rises == [2.0, 2.0, 0.5]
+    assert lethe.offsets[2] > lethe.offsets[1] > lethe.offsets[0] == 0
+    assert "retry" not in details and details["kept_still_knows"] is False and details["stream_fallback"] == {
+        "stream": "forget-set", "kept": True, "other": {"kept_pass": 2, "kept_still_knows": True,
+                                                        "utility": details["utility"]}}
+    assert "again from the original with its forget set as the stream" in caplog.text
+
+
+def test_the_forget_set_stream_brings_its_own_retry_and_the_attempt_that_knows_least_is_kept():
+    """The fallback (forget set, bound 0.5) leaves the request undone (0.95, 0.97), so it retries with
+    lethe-retry-backbone-rise 2 (0.99, 0.98) and keeps its first attempt (0.95); the whole-data
+    attempt's 0.80 knows less, so that is the model kept."""
+    weight, details, lethe = verified([counts(k) for k in (90, 80, 95, 97, 99, 98)], scenario="client", **RETRY)
+    assert lethe.streams == ["all-data"] * 2 + ["forget-set"] * 4 and lethe.rises == [2.0, 2.0, 0.5, 0.5, 2.0, 2.0]
+    assert weight == 2.0 and details["kept_pass"] == 2 and details["stream_fallback"]["kept"] is False
+    assert details["stream_fallback"]["other"]["kept_pass"] == 1  # the fallback's own pick: its pass 1 (0.95)
+    narrow = {**RETRY, "lethe-client-forget-stream": "forget-set", "lethe-retry-backbone-rise": 0.5}
+    _, details, lethe = verified([counts(90), counts(80)], scenario="client", **narrow)
+    assert "stream_fallback" not in details and "retry" not in details and lethe.streams == ["forget-set"] * 2
 
 
 def test_verify_off_or_unmeasurable_leaves_one_pass():

@@ -52,7 +52,8 @@ SETTINGS: tuple[Setting, ...] = (
     setting("lethe-client-forget-stream", str, "all-data",
             "client scenario: all-data: the forget stream is all the leaving client's training data, the clean copies "
             "a backdoor client also trained included (the paper's client-level streams); forget-set: only the "
-            "request's forget set (the triggered samples); the forget checks read the forget set either way",
+            "request's forget set (the triggered samples); the forget checks read the forget set either way, and where "
+            "all-data leaves the request undone the run is made again with forget-set",
             one_of(("all-data", "forget-set"))),
     setting("lethe-max-backbone-rise", float, 0.5,
             "restore guard: while the first restore round's retained loss (the adapter-free backbone) is more than "

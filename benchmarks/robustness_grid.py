@@ -77,6 +77,9 @@ LETHE_TEST_TOL, LETHE_KR_TOL, LETHE_KR_SHARE = 0.03, 0.05, 0.8
 FEDUP_FORGET_MAX, FEDUP_RETAIN_TOL = 0.02, 0.02
 HELD_SHARE = 0.8
 DRAW = "retrain@init"  # method label prefix of a retrain draw from other initial weights
+# The grid's own run config, under --run-config: 60 local epochs of continued training at digits' one
+# epoch a round. --run-config adds to it key by key, so a probe that sets other keys keeps these.
+GRID_RUN_CONFIG = {"continue-rounds": 60}
 COLUMNS = ("seed", "clients", "alpha", "scenario", "method", "validity", "test_acc", "d_test", "d_orig", "orig_test",
            "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse", "leaving_holds", "context", "error")
 
@@ -527,6 +530,14 @@ def write_outputs(out: str, rows: list[dict]) -> None:
     write_text(out + ".csv", buffer.getvalue())
 
 
+def grid_run_config(text: str) -> dict:
+    """The grid's run config: :data:`GRID_RUN_CONFIG` with ``--run-config``'s keys (``text``) over it.
+    Before 2026-12-06 a given ``--run-config`` replaced ``continue-rounds=60`` instead, and Lethe-alone
+    probes that set other keys continued for the task preset's 30 rounds (docs/lethe-log.md, "Continued
+    rounds in the Lethe-alone runs")."""
+    return {**GRID_RUN_CONFIG, **parse_overrides(text)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="200,201,202,203,204",
@@ -534,10 +545,10 @@ def main() -> None:
     parser.add_argument("--shapes", default="10:0.5,7:0.1", help="CLIENTS:ALPHA pairs")
     parser.add_argument("--methods", default="retrain,fedup,lethe")
     parser.add_argument("--scenarios", default="client,class,sample")
-    parser.add_argument("--run-config", default="continue-rounds=60",
-                        help="shared overrides, as for flwr run --run-config (default: continue-rounds=60, i.e. 60 "
-                             "local epochs of continued training at digits' one epoch a round; the recipe before "
-                             "it: presets=false continue-rounds=20)")
+    parser.add_argument("--run-config", default="",
+                        help="shared overrides, as for flwr run --run-config, on top of the grid's continue-rounds=60 "
+                             "(60 local epochs of continued training at digits' one epoch a round), which they "
+                             "replace key by key; the recipe before it: presets=false continue-rounds=20")
     parser.add_argument("--out", default="", help="prefix of the CSV/JSON files (default: <work>/grid)")
     parser.add_argument("--work", default="", help="folder for cache and run outputs (default: a new temp folder)")
     parser.add_argument("--retrain-draws", type=int, default=1,
@@ -550,7 +561,7 @@ def main() -> None:
         raise SystemExit(f"--retrain-draws: {args.retrain_draws} is not allowed: it must be >= 1, and above 1 "
                          "only with retrain among --methods (the draws are judged against it)")
     if args.rejudge:
-        rows = rejudge(args.rejudge.split(","), parse_overrides(args.run_config))
+        rows = rejudge(args.rejudge.split(","), grid_run_config(args.run_config))
         print(_header())
         for row in rows:
             print(_markdown(row))
@@ -564,7 +575,7 @@ def main() -> None:
     work = args.work or tempfile.mkdtemp(prefix="grid-")
     out = args.out or os.path.join(work, "grid")
     shared = {"cache-dir": os.path.join(work, "cache"), "outputs-dir": os.path.join(work, "out"),
-              **parse_overrides(args.run_config)}
+              **grid_run_config(args.run_config)}
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     print(_header(), flush=True)
     rows: list[dict] = []

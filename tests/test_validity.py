@@ -275,6 +275,14 @@ def test_grid_shapes_parse_and_reject_bad_input():
             grid.parse_shapes(bad)
 
 
+def test_the_grids_run_config_adds_to_its_continued_rounds_key_by_key():
+    """A probe's own --run-config keeps the grid's 60 continued rounds unless it sets them itself."""
+    grid = _benchmark_module()
+    assert grid.grid_run_config("") == {"continue-rounds": 60}
+    assert grid.grid_run_config("lethe-stop-loss=8.0") == {"continue-rounds": 60, "lethe-stop-loss": 8.0}
+    assert grid.grid_run_config("presets=false continue-rounds=20") == {"continue-rounds": 20, "presets": False}
+
+
 def _fake_results(test_acc, forget_acc, retain_acc, ct_kr, valid=True, diverged=None, original_test=0.95):
     block = validity(original={"test_acc": 0.95 if valid else 0.08, "forget_acc": 0.9 if valid else 0.0},
                      unlearned={"test_acc": test_acc}, retrain=RETRAIN, num_classes=10, diverged_at_round=diverged)

@@ -173,7 +173,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         """:meth:`attempt_with_retry`; where it left the request undone (:func:`carried_out` is false)
         with the client scenario's forget stream widened to all the leaving client's data
-        (:func:`forget_data`), the whole of it again from the original with the request's forget set
+        (:func:`forget_data`), Lethe runs once more from the original with the request's forget set
         as the stream (``lethe-client-forget-stream=forget-set``, its own bounds and retry, its own
         round seeds), kept where it carries the request out or, failing that, where its kept model
         predicts less of the forget set as its label (``method.stream_fallback``: the stream, whether
@@ -185,13 +185,12 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         clients alpha 0.1, client; the client holds 92 % of class 2 and 99 % of classes 6 and 8), four
         passes left 1.000, 0.965, 0.727 and 0.580 of the triggered samples on the target, and the
         kept model read U-KR 0.580 against retrain's 0.021. With the fallback the forget set's own
-        retry carried it out: U-KR 0.007 and test accuracy 0.969, against retrain's 0.819, since the
-        client's classes stay as with that stream anywhere (docs/lethe-log.md, "A request the
-        whole-data stream leaves undone"). A request left in place is the failure an operator cannot
-        accept; a model that knows more than retrain of the client's clean classes is the one this
-        stream always gave.
-        A request the whole-data stream carries out never runs the fallback, so its results are those
-        of that stream."""
+        retry carried it out: U-KR 0.007, test accuracy 0.969 against retrain's 0.819 (that stream
+        keeps the client's clean classes, as it does everywhere; docs/lethe-log.md, "A request the
+        whole-data stream leaves undone"). A backdoor left in place is the failure an operator cannot
+        accept; a model that knows the client's clean classes better than retrain is what the former
+        stream always gave. A request the whole-data stream carries out never runs the fallback, so
+        its results are that stream's."""
         cfg = ctx.cfg
         first = self.attempt_with_retry(ctx, offset=0)
         if carried_out(first.details) is not False or not widens_client_stream(cfg):
@@ -207,10 +206,9 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
     def attempt_with_retry(self, ctx: UnlearnContext, offset: int) -> UnlearnResult:
         """:meth:`attempt` from round offset ``offset``; where it did not carry the request out
         (:func:`carried_out` is false: the original was returned, or the kept model still knows the
-        forget set) and
-        ``lethe-retry-backbone-rise`` is above the walk-back bound in effect (``lethe-max-backbone-rise``,
-        or its ``-client`` twin where :func:`forget_data` widens the stream), one more attempt from the
-        original with that bound at this value, kept where it carries the request out or, failing
+        forget set) and ``lethe-retry-backbone-rise`` is above the walk-back bound in effect
+        (``lethe-max-backbone-rise``, or its ``-client`` twin where :func:`forget_data` widens the
+        stream), one more attempt from the original with that bound at this value, kept where it carries the request out or, failing
         that, where its kept model predicts less of the forget set as its label (:func:`known_share`)
         than the first attempt's (``method.retry``: the bound, whether the retry was kept, and the other
         attempt's verdict).

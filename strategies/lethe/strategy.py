@@ -208,10 +208,10 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         (:func:`carried_out` is false: the original was returned, or the kept model still knows the
         forget set) and ``lethe-retry-backbone-rise`` is above the walk-back bound in effect
         (``lethe-max-backbone-rise``, or its ``-client`` twin where :func:`forget_data` widens the
-        stream), one more attempt from the original with that bound at this value, kept where it carries the request out or, failing
-        that, where its kept model predicts less of the forget set as its label (:func:`known_share`)
-        than the first attempt's (``method.retry``: the bound, whether the retry was kept, and the other
-        attempt's verdict).
+        stream), one more attempt from the original with that bound at this value, kept where it
+        carries the request out or, failing that, where its kept model predicts less of the forget set
+        as its label (:func:`known_share`) than the first attempt's (``method.retry``: the bound,
+        whether the retry was kept, and the other attempt's verdict).
 
         Ours. The walk-back (:meth:`RestorePhase.restore_rounds`) undoes rectification steps whose
         adapter-free backbone the retained clients rate more than ``lethe-max-backbone-rise`` worse than

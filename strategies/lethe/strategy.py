@@ -197,8 +197,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
             return first
         log.warning("[lethe] the request was not carried out with all the leaving client's data as the forget "
                     "stream: again from the original with its forget set as the stream")
-        narrower = dataclasses.replace(ctx, cfg=Config({**cfg.as_dict(), "lethe-client-forget-stream": "forget-set"},
-                                                       cfg.presets))
+        narrower = _with_setting(ctx, "lethe-client-forget-stream", "forget-set")
         fallback = self.attempt_with_retry(narrower, offset=self.round_offset + pass_rounds(cfg))
         return _keep_better(first, fallback, "stream_fallback", {"stream": "forget-set"},
                             "the forget set as the stream")
@@ -234,7 +233,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
             return first
         log.warning("[lethe] the request was not carried out: one more attempt from the original with "
                     "%s %g (lethe-retry-backbone-rise)", bound_key, retry_rise)
-        looser = dataclasses.replace(ctx, cfg=Config({**cfg.as_dict(), bound_key: retry_rise}, cfg.presets))
+        looser = _with_setting(ctx, bound_key, retry_rise)
         retry = self.attempt(looser, offset=self.round_offset + pass_rounds(cfg))
         return _keep_better(first, retry, "retry", {"backbone_rise": retry_rise}, f"{bound_key} {retry_rise:g}")
 
@@ -368,6 +367,11 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
             reference, bound = None, cfg["lethe-verify-forget-acc"]
         return {"forget_acc": acc, "reference": reference, "bound": bound, "known": acc > bound,
                 "forget_n": counts["forget-n"], "test_n": n_test}
+
+
+def _with_setting(ctx: UnlearnContext, key: str, value) -> UnlearnContext:
+    """``ctx`` with run-config ``key`` set to ``value`` (a retry's or a fallback's config)."""
+    return dataclasses.replace(ctx, cfg=Config({**ctx.cfg.as_dict(), key: value}, ctx.cfg.presets))
 
 
 def _keep_better(first: UnlearnResult, second: UnlearnResult, key: str, record: dict, label: str) -> UnlearnResult:

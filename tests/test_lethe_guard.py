@@ -584,6 +584,7 @@ def verified(counts, scenario="class", guards=(), **overrides):
     from strategies.common.base import ModelState
 
     overrides.setdefault("lethe-retry-backbone-rise", 0.5)  # = lethe-max-backbone-rise: no retry
+    overrides.setdefault("lethe-retry-backbone-rise-client", 2.0)  # = its -client twin: no retry
     cfg = parse_config({"method": "lethe", "scenario": scenario, "poison": "backdoor", **overrides})
     ctx = UnlearnContext(None, cfg, ModelState(ArrayRecord({"lin.weight": torch.zeros(2, 2)})),
                          model_factory=lambda plugins: Linear(), retrain=None)
@@ -746,22 +747,38 @@ def test_the_client_scenario_widens_its_forget_stream_and_takes_its_own_bounds_o
 
     def bounds(**run):
         cfg = parse_config({"method": "lethe", **run})
-        return (forget_data(cfg), scenario_setting(cfg, "lethe-max-retain-rise"),
-                scenario_setting(cfg, "lethe-max-backbone-rise"))
+        return (forget_data(cfg), *(scenario_setting(cfg, key) for key in (
+            "lethe-max-retain-rise", "lethe-max-backbone-rise", "lethe-retry-backbone-rise")))
 
-    assert bounds(scenario="client") == ({"forget-all-data": True}, 2.0, 2.0)
-    assert bounds(scenario="client", **{"lethe-max-retain-rise-client": 1.5}) == ({"forget-all-data": True}, 1.5, 2.0)
-    assert bounds(scenario="client", **{"lethe-client-forget-stream": "forget-set"}) == ({}, 0.5, 0.5)
-    assert bounds(scenario="sample") == ({}, 0.5, 0.5)
-    assert bounds(scenario="client", task="llm-tofu", **{"lethe-adapter-steps": 0}) == ({}, 0.5, 0.5)
+    assert bounds(scenario="client") == ({"forget-all-data": True}, 2.0, 2.0, 4.0)
+    assert bounds(scenario="client", **{"lethe-max-retain-rise-client": 1.5}) == (
+        {"forget-all-data": True}, 1.5, 2.0, 4.0)
+    assert bounds(scenario="client", **{"lethe-client-forget-stream": "forget-set"}) == ({}, 0.5, 0.5, 2.0)
+    assert bounds(scenario="sample") == ({}, 0.5, 0.5, 2.0)
+    assert bounds(scenario="client", task="llm-tofu", **{"lethe-adapter-steps": 0}) == ({}, 0.5, 0.5, 2.0)
 
 
-def test_the_client_scenarios_retry_loosens_the_bound_it_runs_under():
-    """The retry raises the walk-back bound in effect: the client twin (2.0 -> 3.0), not the base key."""
-    weight, details, lethe = verified([counts(90), counts(80), counts(0)], scenario="client",
-                                      **{**RETRY, "lethe-retry-backbone-rise": 3.0})
+def test_the_client_scenarios_retry_loosens_the_bound_it_runs_under(caplog):
+    """The whole-data stream's retry reads its own key and raises the walk-back bound in effect: the
+    client twin (2.0 -> 3.0), not the base key; carried out, so no fallback."""
+    with caplog.at_level("WARNING", logger="fedunlearn"):
+        weight, details, lethe = verified([counts(90), counts(80), counts(0)], scenario="client",
+                                          **{**RETRY, "lethe-retry-backbone-rise-client": 3.0})
     assert lethe.rises == [2.0, 2.0, 3.0] and details["retry"]["kept"] is True
     assert "stream_fallback" not in details and lethe.streams == ["all-data"] * 3  # carried out: no fallback
+    assert "lethe-max-backbone-rise-client 3 (lethe-retry-backbone-rise-client)" in caplog.text
+
+
+def test_the_fallback_runs_only_after_the_whole_data_retry_also_left_the_request_undone():
+    """The whole-data attempt (0.90, 0.80) and its retry at the default 4 nats (0.85, 0.75) still
+    know the forget set: then the forget-set fallback (bound 0.5), which forgets and is kept; its
+    record names the whole-data run it replaced, retry included."""
+    weight, details, lethe = verified([counts(90), counts(80), counts(85), counts(75), counts(0)],
+                                      scenario="client", **{**RETRY, "lethe-retry-backbone-rise-client": 4.0})
+    assert lethe.streams == ["all-data"] * 4 + ["forget-set"] and lethe.rises == [2.0, 2.0, 4.0, 4.0, 0.5]
+    assert weight == 5.0 and details["kept_still_knows"] is False and "retry" not in details
+    assert details["stream_fallback"]["kept"] is True
+    assert details["stream_fallback"]["other"]["kept_pass"] == 2  # the whole-data retry's 0.75
 
 
 def test_a_request_the_whole_data_stream_left_undone_runs_again_with_the_forget_set_as_the_stream(caplog):

@@ -75,6 +75,10 @@ SETTINGS: tuple[Setting, ...] = (
             "knows the forget set), one more attempt from the original with the walk-back bound in effect "
             "(lethe-max-backbone-rise, or its -client twin) at this value, kept where it carries the request out or "
             "else knows less of the forget set than the first; at most that bound = no retry", positive()),
+    setting("lethe-retry-backbone-rise-client", float, 4.0,
+            "lethe-retry-backbone-rise where the client scenario's forget stream is all the leaving client's data "
+            "(lethe-client-forget-stream=all-data; vision and text tasks); above that stream's walk-back bound "
+            "(lethe-max-backbone-rise-client), so its retry loosens it", positive()),
     setting("lethe-restore-retries", int, 2,
             "restore guard: when restore's own guard acts (a restore step rolled back or refused), restore again from "
             "the backbone one rectification step earlier, at most this many times", at_least(0)),
@@ -133,7 +137,8 @@ BY_SCENARIO = {
     "class": {"lethe-lr": "lethe-lr-class", "lethe-step-clip": "lethe-step-clip-class",
               "lethe-clip-floor": "lethe-clip-floor-class"},
     "client": {"lethe-max-retain-rise": "lethe-max-retain-rise-client",
-               "lethe-max-backbone-rise": "lethe-max-backbone-rise-client"},
+               "lethe-max-backbone-rise": "lethe-max-backbone-rise-client",
+               "lethe-retry-backbone-rise": "lethe-retry-backbone-rise-client"},
 }
 
 

@@ -44,8 +44,9 @@ The report seeds default to 210-214, the first seeds run after the current defau
 (digits' one-epoch recipe and Lethe's retry on 172-179; Lethe's client-level forget stream of all the
 leaving client's data and its 30 extra restore rounds on 176-184; its fallback to the forget set where
 that stream leaves a request undone on 195; that stream's own retry at 4 nats on 195 and 205;
-docs/robustness.md lists every grid run and the seeds each choice saw). The Markdown table goes to stdout as cells finish; ``--out``
-receives ``<out>.csv`` and ``<out>.json``, rewritten after every cell, so a partial run is usable.
+docs/robustness.md lists every grid run and the seeds each choice saw). The Markdown table goes to
+stdout as cells finish; ``--out`` receives ``<out>.csv`` and ``<out>.json``, rewritten after every
+cell, so a partial run is usable.
 
     python benchmarks/robustness_grid.py --seeds 210,211,212,213,214 --shapes 10:0.5,7:0.1 \\
         --methods retrain,fedup,lethe --scenarios client,class,sample --retrain-draws 2 --out /tmp/grid

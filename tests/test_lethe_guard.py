@@ -770,15 +770,15 @@ def test_the_client_scenarios_retry_loosens_the_bound_it_runs_under(caplog):
 
 
 def test_the_fallback_runs_only_after_the_whole_data_retry_also_left_the_request_undone():
-    """The whole-data attempt (0.90, 0.80) and its retry at the default 4 nats (0.85, 0.75) still
-    know the forget set: then the forget-set fallback (bound 0.5), which forgets and is kept; its
-    record names the whole-data run it replaced, retry included."""
-    weight, details, lethe = verified([counts(90), counts(80), counts(85), counts(75), counts(0)],
+    """The whole-data attempt (0.90, 0.80) and its retry at 4 nats, the default (0.75, 0.85), still
+    know the forget set: then the forget-set fallback (bound 0.5), which forgets and is kept; the
+    whole-data run it replaced is the retry's pass 1 (0.75 against the first attempt's 0.80)."""
+    weight, details, lethe = verified([counts(90), counts(80), counts(75), counts(85), counts(0)],
                                       scenario="client", **{**RETRY, "lethe-retry-backbone-rise-client": 4.0})
     assert lethe.streams == ["all-data"] * 4 + ["forget-set"] and lethe.rises == [2.0, 2.0, 4.0, 4.0, 0.5]
     assert weight == 5.0 and details["kept_still_knows"] is False and "retry" not in details
     assert details["stream_fallback"]["kept"] is True
-    assert details["stream_fallback"]["other"]["kept_pass"] == 2  # the whole-data retry's 0.75
+    assert details["stream_fallback"]["other"]["kept_pass"] == 1  # the whole-data retry's 0.75
 
 
 def test_a_request_the_whole_data_stream_left_undone_runs_again_with_the_forget_set_as_the_stream(caplog):

@@ -72,10 +72,10 @@ SETTINGS: tuple[Setting, ...] = (
             positive()),
     setting("lethe-retry-backbone-rise", float, 2.0,
             "where an attempt leaves the request not carried out (the original returned, or the kept model still "
-            "knows the forget set), one more attempt from the original with the walk-back bound in effect "
-            "(lethe-max-backbone-rise, or its -client twin) at this value (or at this key's -client twin), kept "
-            "where it carries the request out or "
-            "else knows less of the forget set than the first; at most that bound = no retry", positive()),
+            "knows the forget set), one more attempt from the original with the walk-back bound "
+            "(lethe-max-backbone-rise) at this value (both keys read as their -client twins where the client "
+            "scenario widens its stream), kept where it carries the request out or else knows less of the forget "
+            "set than the first; at most that bound = no retry", positive()),
     setting("lethe-retry-backbone-rise-client", float, 4.0,
             "lethe-retry-backbone-rise where the client scenario's forget stream is all the leaving client's data "
             "(lethe-client-forget-stream=all-data; vision and text tasks); above that stream's walk-back bound "

@@ -210,9 +210,9 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
     def attempt_with_retry(self, ctx: UnlearnContext, offset: int) -> UnlearnResult:
         """:meth:`attempt` from round offset ``offset``; where it did not carry the request out
         (:func:`carried_out` is false: the original was returned, or the kept model still knows the
-        forget set) and ``lethe-retry-backbone-rise`` (its ``-client`` twin where :func:`forget_data`
-        widens the stream) is above the walk-back bound in effect (``lethe-max-backbone-rise``, or
-        likewise its twin), one more attempt from the original with that bound at this value, kept where it
+        forget set) and ``lethe-retry-backbone-rise`` is above the walk-back bound
+        ``lethe-max-backbone-rise`` (each read as its ``-client`` twin where :func:`forget_data` widens
+        the stream), one more attempt from the original with that bound at this value, kept where it
         carries the request out or, failing that, where its kept model predicts less of the forget set
         as its label (:func:`known_share`) than the first attempt's (``method.retry``: the bound,
         whether the retry was kept, and the other attempt's verdict).

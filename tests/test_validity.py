@@ -52,6 +52,27 @@ def test_a_collapsed_retrain_reference_invalidates_the_cell():
     assert block["failed"] == ["retrain_usable"] and block["original_valid"] is False
 
 
+@pytest.mark.parametrize("retrain_fit, failed", [(0.744, ["retrain_usable"]), (0.95, [])])
+def test_a_retrain_that_does_not_fit_its_own_training_data_invalidates_the_cell(retrain_fit, failed):
+    """Seed 221 (10 clients alpha 0.5, sample): the oracle fit the retained data at 0.744 against the
+    original's 0.999, its test accuracy 0.750 above the floor; 0.95 is within 0.10 of the original."""
+    original = {**GOOD_ORIGINAL, "retain_acc": 0.999}
+    block = validity(original=original, unlearned={"test_acc": 0.94}, retrain={**RETRAIN, "test_acc": 0.75,
+                     "retain_acc": retrain_fit}, num_classes=10)
+    assert block["failed"] == failed and block["original_valid"] is (not failed)
+    assert block["bounds"]["retrain_max_fit_drop"] == 0.10
+    if failed:
+        assert "retained accuracy 0.744" in block["reasons"][0] and "original (0.999)" in block["reasons"][0]
+
+
+def test_a_retrain_far_below_the_original_on_test_data_alone_is_a_reference():
+    """A leaving client that held most of a class takes it out of retrain: its test accuracy may fall
+    far below the original's while it still fits its own training data."""
+    block = validity(original={"test_acc": 0.975, "forget_acc": 1.0, "retain_acc": 0.999}, unlearned=None,
+                     retrain={"test_acc": 0.772, "forget_acc": 0.007, "retain_acc": 0.996}, num_classes=10)
+    assert block["failed"] == [] and block["original_valid"] is True
+
+
 def test_chance_bound_is_twice_chance_when_that_is_higher():
     # 3 classes: 2/3 > 0.5, so 0.6 is not usable there although it is for 10 classes
     three = validity(original={"test_acc": 0.6, "forget_acc": 0.9}, unlearned=None,
@@ -78,6 +99,10 @@ def test_llm_entries_use_utility_and_no_chance_bound():
     block = validity(original={"test_acc": math.nan, "utility": 0.4, "forget_acc": 0.9}, unlearned={"utility": 0.38},
                      retrain={"test_acc": math.nan, "utility": 0.42, "forget_acc": 0.1}, num_classes=0)
     assert block["failed"] == [] and block["bounds"]["original_min_acc"] is None
+    # no classes, no fit check: the retained-fact accuracy of an LLM oracle is not held to the original's
+    loose = validity(original={"utility": 0.4, "forget_acc": 0.9, "retain_acc": 0.9}, unlearned=None,
+                     retrain={"utility": 0.42, "forget_acc": 0.1, "retain_acc": 0.5}, num_classes=0)
+    assert loose["failed"] == [] and loose["bounds"]["retrain_max_fit_drop"] is None
     forgot_nothing = validity(original={"utility": 0.4, "forget_acc": 0.2}, unlearned=None,
                               retrain={"utility": 0.42, "forget_acc": 0.1}, num_classes=0)
     assert forgot_nothing["failed"] == ["original_learned"]

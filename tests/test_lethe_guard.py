@@ -578,6 +578,9 @@ class PassScriptedLethe(Lethe):
     def _forget_counts(self, ctx, state, round_no):
         return self.counts.pop(0)
 
+    def _retained_counts(self, ctx, state, round_no):  # the original's retained counts: not measured
+        return None
+
 
 def verified(counts, scenario="class", guards=(), **overrides):
     """A scripted Lethe's result; the retry of an undone request is off unless ``overrides`` set it."""
@@ -667,6 +670,95 @@ def test_a_first_pass_that_broke_utility_keeps_the_original(caplog):
               {"start_retain_loss": 0.3, "restore_losses": [0.3, 0.2], "restore_kept": 1}]
     weight, details, lethe = verified([counts(50), counts(0)], guards=guards)
     assert weight == 2.0 and details["utility"]["broken"] is False and lethe.start_losses == [None, 0.094]
+
+
+def test_a_restored_model_that_does_not_fit_the_retained_data_is_broken_within_the_loss_bound(caplog):
+    """Seed 208 (7 clients alpha 0.1, client, second machine): the kept model's retained loss 1.77 is
+    under the client scenario's 2-nat bound, yet it predicts 397 of the 1102 retained training labels
+    the original predicts all of: broken, so a first pass returns the original; a later pass that
+    does not fit is not kept (212: 787 of 1098)."""
+    from strategies.lethe.restore import pass_utility
+
+    fit = {"original": 1.0, "restored": 397 / 1102}
+    guard = {"restore_losses": [0.37, 1.77], "restore_kept": 1, "retained_fit": fit}
+    verdict = pass_utility(guard, 0.004, 2.0, 0.05)
+    assert verdict["broken"] is True and verdict["retain_loss"] == 1.77 and verdict["bound"] == pytest.approx(2.004)
+    assert verdict["retained_fit"] == pytest.approx(397 / 1102) and verdict["fit_bound"] == pytest.approx(0.95)
+    assert pass_utility(guard, 0.004, 2.0)["broken"] is False  # the loss bound alone lets it through
+    assert pass_utility({**guard, "retained_fit": {"original": 1.0, "restored": 0.96}}, 0.004, 2.0, 0.05)[
+        "broken"] is False
+    no_loss = pass_utility({"retained_fit": fit}, None, 2.0, 0.05)  # a fit judged without any loss report
+    assert no_loss["broken"] is True and no_loss["retain_loss"] is None
+    # through Lethe.attempt (class scenario: no stream fallback; every loss within its 0.5-nat bound)
+    guards = [{"start_retain_loss": 0.004, "restore_losses": [0.37, 0.4], "restore_kept": 1, "retained_fit": fit}]
+    with caplog.at_level("WARNING", logger="fedunlearn"):
+        weight, details, _ = verified([counts(0)], guards=guards)
+    assert weight == 0.0 and details["kept_pass"] == 0
+    assert "labels of 0.360 of the retained training data predicted, bound 0.950" in caplog.text
+    guards = [{"start_retain_loss": 0.004, "restore_losses": [0.37, 0.4], "restore_kept": 1,
+               "retained_fit": {"original": 1.0, "restored": 0.99}},
+              {"start_retain_loss": 0.004, "restore_losses": [0.37, 0.45], "restore_kept": 1,
+               "retained_fit": {"original": 1.0, "restored": 787 / 1098}}]
+    weight, details, _ = verified([counts(50), counts(0)], guards=guards)
+    assert weight == 1.0 and details["kept_pass"] == 1 and details["passes"][0]["utility"]["broken"] is True
+
+
+def test_the_retained_fit_pools_the_clients_that_reported_on_both_models():
+    """``Lethe.retained_fit`` reads one evaluate message per retained client and pools the counts of
+    the clients that reported on the original too; a task without the counts is not judged."""
+    from types import SimpleNamespace
+
+    reports = {7: {"retain-correct": 40, "retain-n": 50}, 8: {"retain-correct": 10, "retain-n": 50}}
+
+    class Fed:
+        def nodes_with(self, key):
+            return [7, 8]
+
+        def broadcast(self, nodes, kind, content, **kwargs):
+            assert kind == "evaluate" and not any(k.startswith("plugin") for k in content["arrays"].keys())
+            return [SimpleNamespace(content={"metrics": reports[n]}, metadata=SimpleNamespace(src_node_id=n))
+                    for n in nodes if n in reports]
+
+    cfg = parse_config({"method": "lethe", "scenario": "client", "poison": "backdoor"})
+    ctx = UnlearnContext(Fed(), cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
+    state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
+    lethe = Lethe()
+    assert lethe.retained_fit(ctx, state) is None  # no original counts: not measured
+    lethe.start_fit = {7: (50, 50), 8: (48, 50), 9: (30, 30)}  # node 9 does not reply now: left out
+    assert lethe.retained_fit(ctx, state) == pytest.approx({"original": 0.98, "restored": 0.5})
+    reports[8] = {"loss": 0.1}  # a task whose clients count nothing
+    assert lethe._retained_counts(ctx, state, 1) is None and lethe.retained_fit(ctx, state) is None
+
+
+def test_a_restore_that_does_not_fit_the_retained_data_is_run_again_at_half_the_lr():
+    """The restore at the run's lr keeps a model within the loss bound that predicts 0.36 of the
+    retained training labels (the original 1.0): restore runs again at half the lr, whose model fits."""
+
+    class FitScripted(ScriptedLethe):
+        fits = [0.36, 0.99]
+
+        def retained_fit(self, ctx, state):
+            return {"original": 1.0, "restored": self.fits.pop(0)}
+
+    cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 2,
+                        "lethe-restore-retries": 0, "lethe-restore-extra-rounds": 0})
+    fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
+    fed.start_phase("unlearn")
+    ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
+    lethe = FitScripted([(1.0, 0.2), (1.0, 0.3), (1.0, 0.3), (1.0, 0.2), (1.0, 0.1), (1.0, 0.05)])
+    guard = {"action": "none", "start_retain_loss": 0.02}
+    state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
+    lethe.restore_within_bound(ctx, state, None, guard, [], 0.02)
+    assert [h["lr_scale"] for h in guard["restore_halvings"]] == [1.0, 0.5]
+    assert [h["kept"] for h in guard["restore_halvings"]] == [False, True]
+    assert guard["retained_fit"] == {"original": 1.0, "restored": 0.99}
+    off = FitScripted([(1.0, 0.2), (1.0, 0.3), (1.0, 0.3)])
+    off.fits = [0.36]
+    ctx = UnlearnContext(fed, parse_config({**cfg.as_dict(), "lethe-max-fit-drop": 1.0}), None,
+                         model_factory=lambda plugins: Linear(), retrain=None)
+    guard = {"action": "none", "start_retain_loss": 0.02}
+    off.restore_within_bound(ctx, state, None, guard, [], 0.02)
+    assert "restore_halvings" not in guard and "retained_fit" not in guard and off.fits == [0.36]  # not asked
 
 
 def test_a_first_pass_that_forgot_is_kept_and_checked_once():

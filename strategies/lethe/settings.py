@@ -106,6 +106,12 @@ SETTINGS: tuple[Setting, ...] = (
     setting("lethe-max-retain-rise-client", float, 2.0,
             "lethe-max-retain-rise where the client scenario's forget stream is all the leaving client's data "
             "(lethe-client-forget-stream=all-data; vision and text tasks)", positive()),
+    setting("lethe-max-fit-drop", float, 0.05,
+            "utility bound beside the retained loss's: a pass whose restored model predicts its label for a share of the "
+            "retained clients' training data more than this below the original's share is broken as one past "
+            "lethe-max-retain-rise is (restore runs again at half the lr; a first pass still past it returns the "
+            "original, a later one is not kept); one evaluate message to the retained clients per restore (rectified "
+            "restore, tasks whose clients count it); 1 = not judged", in_range(0, 1)),
     setting("lethe-restore-rounds", int, 5, "utility-recovery rounds after the adapter is dropped", at_least(0)),
     setting("lethe-restore-extra-rounds", int, 30,
         "rectified restore: while no model restore may keep (one after at least two restore steps) has a retained "

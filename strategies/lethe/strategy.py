@@ -52,7 +52,7 @@ from strategies.common.fedavg_rounds import RoleFedAvg, run_rounds
 from strategies.common.federation import RoundFailed
 from strategies.lethe.adapter import ADAPTER_KIND
 from strategies.lethe.rectify import RectifyPhase
-from strategies.lethe.restore import RestorePhase, pass_utility
+from strategies.lethe.restore import RestorePhase, broken_because, pass_utility
 from strategies.lethe.settings import scenario_key, scenario_setting, widens_client_stream
 from strategies.lethe.views import State, mean_forget_loss, role_view, train_content, without_adapter
 from tasks.config import Config
@@ -74,6 +74,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
                          arrayrecord_key="arrays", configrecord_key="config")
         self.round_offset = 0  # added to every round number of a pass: a later pass gets its own seeds
         self.attempt_offset = 0  # the round offset of the attempt's first pass (the retry's is not 0)
+        self.start_fit: dict[int, tuple[int, int]] | None = None  # the original's retained counts (retained_fit)
 
     @property
     def later_pass(self) -> bool:
@@ -156,6 +157,34 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         return {"forget-correct": total["forget-correct"], "forget-n": total["forget-n"],
                 "clean-hit": total["pred-target-n"] - total["pred-target-correct"],
                 "clean-n": total["test-n"] - total["test-target-n"]}
+
+    def _retained_counts(self, ctx: UnlearnContext, state: State, round_no: int) -> dict[int, tuple[int, int]] | None:
+        """One ``evaluate`` message to each retained client with ``state``'s backbone: per replying node,
+        ``(retain-correct, retain-n)``, its training data whose label the model predicts; ``None`` on
+        a task whose clients report no such counts (the LLM task)."""
+        content = RecordDict({"arrays": ArrayRecord(without_adapter(state)),
+                              "config": ConfigRecord({"plugins": specs_to_json([])})})
+        replies = ctx.fed.broadcast(ctx.fed.nodes_with("n-retain"), "evaluate", content,
+                                    round_no=round_no + self.round_offset)
+        metrics = {r.metadata.src_node_id: r.content["metrics"] for r in replies}
+        if not metrics or not all("retain-correct" in m and "retain-n" in m for m in metrics.values()):
+            return None
+        return {node: (int(m["retain-correct"]), int(m["retain-n"])) for node, m in metrics.items()}
+
+    def retained_fit(self, ctx: UnlearnContext, state: State) -> dict | None:
+        """``{"original", "restored"}``: the share of the retained clients' training data whose label the
+        run's original (:attr:`start_fit`, read when the attempt began) and ``state`` predict, over the
+        clients that reported on both; ``None`` where not measured (no original counts, a task without
+        them, no common client). :func:`strategies.lethe.restore.pass_utility` holds a pass to it."""
+        if not self.start_fit:
+            return None
+        now = self._retained_counts(ctx, state, round_no=pass_rounds(ctx.cfg) - 1)
+        common = sorted(set(now or {}) & set(self.start_fit))
+        total = sum(self.start_fit[n][1] for n in common)
+        if not total:
+            return None
+        return {"original": sum(self.start_fit[n][0] for n in common) / total,
+                "restored": sum(now[n][0] for n in common) / total}
 
     def _forget_eval(self, ctx: UnlearnContext, state: State, round_no: int) -> tuple[float, float]:
         """``(forget accuracy, target share)`` of ``state``'s backbone at the forget clients (see
@@ -276,14 +305,16 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         failed request the operator sees, a model that lost its utility would be a quiet one."""
         cfg = ctx.cfg
         self.round_offset = self.attempt_offset = offset
+        self.start_fit = None
+        if cfg["lethe-max-fit-drop"] < 1 and cfg["lethe-restore-mode"] == "rectified":
+            self.start_fit = self._retained_counts(ctx, ctx.original.arrays.to_torch_state_dict(), round_no=0)
         arrays, details = self.one_pass(ctx)
         start_loss = details["rectify_guard"].get("start_retain_loss")  # the retained clients' loss of the original
-        retain_rise = scenario_setting(cfg, "lethe-max-retain-rise")
-        details["utility"] = pass_utility(details["rectify_guard"], start_loss, retain_rise)
+        retain_rise, fit_drop = scenario_setting(cfg, "lethe-max-retain-rise"), cfg["lethe-max-fit-drop"]
+        details["utility"] = pass_utility(details["rectify_guard"], start_loss, retain_rise, fit_drop)
         if details["utility"]["broken"]:
-            log.warning("[lethe] pass 1's restored model has a retained loss of %.3g against %.3g on the original "
-                        "(bound %.3g): the original model is kept and the request is not carried out",
-                        details["utility"]["retain_loss"], start_loss, details["utility"]["bound"])
+            log.warning("[lethe] pass 1's restored model broke utility (%s): the original model is kept and the "
+                        "request is not carried out", broken_because(details["utility"], start_loss))
             details["kept_pass"] = 0
             return UnlearnResult(ctx.original, details)
         models, checks = [arrays], []
@@ -302,11 +333,10 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
             self.round_offset += pass_rounds(cfg)
             arrays, more = self.one_pass(dataclasses.replace(ctx, original=ModelState(arrays)), start_loss=start_loss)
             details.setdefault("passes", []).append(more)
-            more["utility"] = pass_utility(more["rectify_guard"], start_loss, retain_rise)
+            more["utility"] = pass_utility(more["rectify_guard"], start_loss, retain_rise, fit_drop)
             if more["utility"]["broken"]:
-                log.warning("[lethe] verify: pass %d's restored model has a retained loss of %.3g against %.3g on the "
-                            "original: not kept, no further pass", len(models) + 1, more["utility"]["retain_loss"],
-                            start_loss)
+                log.warning("[lethe] verify: pass %d's restored model broke utility (%s): not kept, no further pass",
+                            len(models) + 1, broken_because(more["utility"], start_loss))
                 break
             models.append(arrays)
         kept = len(models) - 1

@@ -111,7 +111,7 @@ SETTINGS: tuple[Setting, ...] = (
             "retained clients' training data more than this below the original's share is broken as one past "
             "lethe-max-retain-rise is (restore runs again at half the lr; a first pass still past it returns the "
             "original, a later one is not kept); one evaluate message to the retained clients per restore (rectified "
-            "restore, tasks whose clients count it); 1 = not judged", in_range(0, 1)),
+            "restore, tasks with classes); 1 = not judged", in_range(0, 1)),
     setting("lethe-restore-rounds", int, 5, "utility-recovery rounds after the adapter is dropped", at_least(0)),
     setting("lethe-restore-extra-rounds", int, 30,
         "rectified restore: while no model restore may keep (one after at least two restore steps) has a retained "

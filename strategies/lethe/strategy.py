@@ -298,15 +298,16 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         ``gamma_bounds``, ``rectify_guard`` and ``utility``, ``method.kept_pass`` the kept one, and
         ``method.kept_still_knows`` whether the kept model fails its check (then a warning says so: seed 11, 7
         clients alpha 0.1, client, on a later machine kept a pass 1 that still predicted 1.000 of the forget set
-        as the target, pass 2 having broken utility). Pass 1 is held to the same bound (``method.utility``):
-        where even its restores at a halved lr (:meth:`RestorePhase.restore_within_bound`) keep a model
-        above it, the original model is returned (``method.kept_pass`` 0), no further pass runs, and a
+        as the target, pass 2 having broken utility). Pass 1 is held to the same bounds (``method.utility``;
+        on a task with classes also the retained data's fit, ``lethe-max-fit-drop``, against the original's
+        counts read when the attempt begins): where even its restores at a halved lr
+        (:meth:`RestorePhase.restore_within_bound`) keep a model past them, the original model is returned (``method.kept_pass`` 0), no further pass runs, and a
         warning says the request was not carried out: a model that still holds the forget data is a
         failed request the operator sees, a model that lost its utility would be a quiet one."""
         cfg = ctx.cfg
         self.round_offset = self.attempt_offset = offset
         self.start_fit = None
-        if cfg["lethe-max-fit-drop"] < 1 and cfg["lethe-restore-mode"] == "rectified":
+        if cfg["lethe-max-fit-drop"] < 1 and cfg["lethe-restore-mode"] == "rectified" and cfg.num_classes:
             self.start_fit = self._retained_counts(ctx, ctx.original.arrays.to_torch_state_dict(), round_no=0)
         arrays, details = self.one_pass(ctx)
         start_loss = details["rectify_guard"].get("start_retain_loss")  # the retained clients' loss of the original

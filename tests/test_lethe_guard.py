@@ -751,6 +751,7 @@ def test_a_restore_that_does_not_fit_the_retained_data_is_run_again_at_half_the_
     lethe.restore_within_bound(ctx, state, None, guard, [], 0.02)
     assert [h["lr_scale"] for h in guard["restore_halvings"]] == [1.0, 0.5]
     assert [h["kept"] for h in guard["restore_halvings"]] == [False, True]
+    assert [h["retained_fit"] for h in guard["restore_halvings"]] == [0.36, 0.99]
     assert guard["retained_fit"] == {"original": 1.0, "restored": 0.99}
     off = FitScripted([(1.0, 0.2), (1.0, 0.3), (1.0, 0.3)])
     off.fits = [0.36]

@@ -222,7 +222,7 @@ class RestorePhase:
         predict their label for a share of their training data more than ``lethe-max-fit-drop`` below the
         original's share (:meth:`Lethe.retained_fit`, ``guard["retained_fit"]``). ``guard`` ends as the kept attempt's;
         where more than one ran, ``guard["restore_halvings"]`` lists each: ``lr_scale``,
-        ``retain_loss`` (of its kept model), ``kept``.
+        ``retain_loss`` (of its kept model), ``retained_fit`` (where measured), ``kept``.
 
         Ours. Restore is FedAvg at the run's lr on non-IID clients; from a model that FedAvg itself
         reached with a small step it can diverge where a smaller step does not. Measured (seed 24,
@@ -264,6 +264,8 @@ class RestorePhase:
         guard.update(chosen.guard)
         if len(attempts) > 1:
             guard["restore_halvings"] = [{"lr_scale": a.lr_scale, "retain_loss": a.utility["retain_loss"],
+                                          **({"retained_fit": a.utility["retained_fit"]}
+                                             if "retained_fit" in a.utility else {}),
                                           "kept": a is chosen} for a in attempts]
         return chosen.model
 

@@ -735,8 +735,6 @@ def test_a_restore_that_does_not_fit_the_retained_data_is_run_again_at_half_the_
     retained training labels (the original 1.0): restore runs again at half the lr, whose model fits."""
 
     class FitScripted(ScriptedLethe):
-        fits = [0.36, 0.99]
-
         def retained_fit(self, ctx, state):
             return {"original": 1.0, "restored": self.fits.pop(0)}
 
@@ -746,6 +744,7 @@ def test_a_restore_that_does_not_fit_the_retained_data_is_run_again_at_half_the_
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
     lethe = FitScripted([(1.0, 0.2), (1.0, 0.3), (1.0, 0.3), (1.0, 0.2), (1.0, 0.1), (1.0, 0.05)])
+    lethe.fits = [0.36, 0.99]  # the restored model's share at the run's lr, then at half
     guard = {"action": "none", "start_retain_loss": 0.02}
     state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
     lethe.restore_within_bound(ctx, state, None, guard, [], 0.02)

@@ -139,16 +139,22 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         losses = [float(r.content["metrics"]["loss"]) for r in replies]
         return {**model.state_dict(), **adapter.to_torch_state_dict()}, plugins, {"adapter_final_loss": losses}
 
+    def _evaluate_backbone(self, ctx: UnlearnContext, state: State, count_key: str, round_no: int,
+                           require_all: bool = False) -> list[Message]:
+        """One ``evaluate`` message with ``state``'s backbone (adapter removed) to each node holding data
+        counted by ``count_key``; their replies."""
+        content = RecordDict({"arrays": ArrayRecord(without_adapter(state)),
+                              "config": ConfigRecord({"plugins": specs_to_json([])})})
+        return ctx.fed.broadcast(ctx.fed.nodes_with(count_key), "evaluate", content,
+                                 round_no=round_no + self.round_offset, require_all=require_all)
+
     def _forget_counts(self, ctx: UnlearnContext, state: State, round_no: int) -> dict[str, int] | None:
         """One ``evaluate`` message to each forget client with ``state``'s backbone: the summed counts
         ``forget-correct`` / ``forget-n`` (their forget data predicted as its label) and
         ``clean-hit`` / ``clean-n`` (their clean local test data whose true label is not
         ``backdoor-target``, predicted as it); ``None`` on a task whose clients report no such counts
         (the LLM task)."""
-        content = RecordDict({"arrays": ArrayRecord(without_adapter(state)),
-                              "config": ConfigRecord({"plugins": specs_to_json([])})})
-        replies = ctx.fed.broadcast(ctx.fed.nodes_with("n-forget"), "evaluate", content,
-                                    round_no=round_no + self.round_offset, require_all=True)
+        replies = self._evaluate_backbone(ctx, state, "n-forget", round_no, require_all=True)
         metrics = [r.content["metrics"] for r in replies]
         keys = ("forget-correct", "forget-n", "pred-target-n", "pred-target-correct", "test-n", "test-target-n")
         if not all(k in m for m in metrics for k in keys):
@@ -162,10 +168,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         """One ``evaluate`` message to each retained client with ``state``'s backbone: per replying node,
         ``(retain-correct, retain-n)``, its training data whose label the model predicts; ``None`` on
         a task whose clients report no such counts (the LLM task)."""
-        content = RecordDict({"arrays": ArrayRecord(without_adapter(state)),
-                              "config": ConfigRecord({"plugins": specs_to_json([])})})
-        replies = ctx.fed.broadcast(ctx.fed.nodes_with("n-retain"), "evaluate", content,
-                                    round_no=round_no + self.round_offset)
+        replies = self._evaluate_backbone(ctx, state, "n-retain", round_no)
         metrics = {r.metadata.src_node_id: r.content["metrics"] for r in replies}
         if not metrics or not all("retain-correct" in m and "retain-n" in m for m in metrics.values()):
             return None
@@ -301,9 +304,10 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         as the target, pass 2 having broken utility). Pass 1 is held to the same bounds (``method.utility``;
         on a task with classes also the retained data's fit, ``lethe-max-fit-drop``, against the original's
         counts read when the attempt begins): where even its restores at a halved lr
-        (:meth:`RestorePhase.restore_within_bound`) keep a model past them, the original model is returned (``method.kept_pass`` 0), no further pass runs, and a
-        warning says the request was not carried out: a model that still holds the forget data is a
-        failed request the operator sees, a model that lost its utility would be a quiet one."""
+        (:meth:`RestorePhase.restore_within_bound`) keep a model past them, the original model is returned
+        (``method.kept_pass`` 0), no further pass runs, and a warning says the request was not carried out:
+        a model that still holds the forget data is a failed request the operator sees, a model that lost
+        its utility would be a quiet one."""
         cfg = ctx.cfg
         self.round_offset = self.attempt_offset = offset
         self.start_fit = None

@@ -176,7 +176,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
 
     def retained_fit(self, ctx: UnlearnContext, state: State) -> dict | None:
         """``{"original", "restored"}``: the share of the retained clients' training data whose label the
-        run's original (:attr:`start_fit`, read when the attempt began) and ``state`` predict, over the
+        run's original (:attr:`start_fit`, read once when :meth:`unlearn` began) and ``state`` predict, over the
         clients that reported on both; ``None`` where not measured (no original counts, a task without
         them, no common client). :func:`strategies.lethe.restore.pass_utility` holds a pass to it."""
         if not self.start_fit:
@@ -229,6 +229,9 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         left for a request that both whole-data attempts leave undone (docs/lethe-log.md, "The
         whole-data stream's retry")."""
         cfg = ctx.cfg
+        self.start_fit = None  # every attempt runs from this original: its retained counts are read once
+        if cfg["lethe-max-fit-drop"] < 1 and cfg["lethe-restore-mode"] == "rectified" and cfg.num_classes:
+            self.start_fit = self._retained_counts(ctx, ctx.original.arrays.to_torch_state_dict(), round_no=0)
         first = self.attempt_with_retry(ctx, offset=0)
         if carried_out(first.details) is not False or not widens_client_stream(cfg):
             return first
@@ -303,16 +306,13 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         clients alpha 0.1, client, on a later machine kept a pass 1 that still predicted 1.000 of the forget set
         as the target, pass 2 having broken utility). Pass 1 is held to the same bounds (``method.utility``;
         on a task with classes also the retained data's fit, ``lethe-max-fit-drop``, against the original's
-        counts read when the attempt begins): where even its restores at a halved lr
+        counts read once when :meth:`unlearn` begins): where even its restores at a halved lr
         (:meth:`RestorePhase.restore_within_bound`) keep a model past them, the original model is returned
         (``method.kept_pass`` 0), no further pass runs, and a warning says the request was not carried out:
         a model that still holds the forget data is a failed request the operator sees, a model that lost
         its utility would be a quiet one."""
         cfg = ctx.cfg
         self.round_offset = self.attempt_offset = offset
-        self.start_fit = None
-        if cfg["lethe-max-fit-drop"] < 1 and cfg["lethe-restore-mode"] == "rectified" and cfg.num_classes:
-            self.start_fit = self._retained_counts(ctx, ctx.original.arrays.to_torch_state_dict(), round_no=0)
         arrays, details = self.one_pass(ctx)
         start_loss = details["rectify_guard"].get("start_retain_loss")  # the retained clients' loss of the original
         retain_rise, fit_drop = scenario_setting(cfg, "lethe-max-retain-rise"), cfg["lethe-max-fit-drop"]

@@ -37,7 +37,7 @@ draws of seeds 150-159 met Lethe's test bar exactly as often as Lethe (18 of 29)
 Beside every miss the ``context`` column states what the cell shows around it, as facts, not as a
 verdict (``miss_context``): where the cell's original itself lies outside the test tolerance, what
 the retrain draws read (and whether they miss on the same side), the classes the leaving client
-holds, or the KR figures; the totals count Lethe's test misses by these facts, and those with none
+holds and the test accuracy on each of them beside retrain's (``held_test``), or the KR figures; the totals count Lethe's test misses by these facts, and those with none
 of them.
 
 The report seeds default to 225-229, the first seeds run after the current defaults were chosen
@@ -83,7 +83,7 @@ DRAW = "retrain@init"  # method label prefix of a retrain draw from other initia
 # epoch a round. --run-config adds to it key by key, so a probe that sets other keys keeps these.
 GRID_RUN_CONFIG = {"continue-rounds": 60}
 COLUMNS = ("seed", "clients", "alpha", "scenario", "method", "validity", "test_acc", "d_test", "d_orig", "orig_test",
-           "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse", "leaving_holds", "context", "error")
+           "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse", "leaving_holds", "held_test", "context", "error")
 
 
 def parse_shapes(text: str) -> list[tuple[int, float]]:
@@ -125,6 +125,17 @@ def leaving_holds(config: dict, clients: int) -> str:
     return " ".join(f"{c}:{share[c]:.2f}" for c in np.flatnonzero(share >= HELD_SHARE))
 
 
+def held_test(by_class: list | None, held: str | None) -> str:
+    """The unlearned model's test accuracy on each class ``held`` names (``leaving_holds``), as
+    ``class:accuracy`` (``""`` where the cell names none or the run kept no per-class figures): beside
+    retrain's, it shows whether a method gave up a class the leaving client held nearly alone more, or
+    less, than exact unlearning does."""
+    if not held or not by_class:
+        return ""
+    classes = [int(item.split(":")[0]) for item in held.split()]
+    return " ".join(f"{c}:{_fmt(_num(by_class[c]) if c < len(by_class) else None)}" for c in classes)
+
+
 def summarise(results: dict) -> dict:
     """The figures a bar reads from one run's results.json (``None`` where not a finite number)."""
     unlearned, res = results["models"]["unlearned"], results["resurfacing"]
@@ -132,7 +143,7 @@ def summarise(results: dict) -> dict:
             "test_acc": _num(unlearned.get("test_acc")), "u_kr": _num(unlearned.get("forget_acc")),
             "forget_acc": _num(unlearned.get("forget_acc")), "retain_acc": _num(unlearned.get("retain_acc")),
             "ct_kr": _num(res.get("ct_kr")), "rr": _num(res.get("rr")), "diverged_at_round": res.get("diverged_at_round"),
-            "kr_retrain": _num(res.get("kr_retrain"))}
+            "kr_retrain": _num(res.get("kr_retrain")), "test_by_class": unlearned.get("test_acc_by_class")}
 
 
 OWN_PREFIXES = ("draw:", "own:")  # a row's own original's failed checks (``run_cell`` says when)
@@ -246,7 +257,8 @@ def miss_context(row: dict, cell: list[dict]) -> tuple[str, set[str]]:
     - ``moved +0.035 from its original``: the row's test accuracy against the original's;
     - ``draw 0.917 also above`` / ``draw 0.957``: the retrain draws' figure on the missed bar (test
       accuracy; retain accuracy for FedUP's), and whether a draw misses on the same side;
-    - ``leaving client holds 7:0.99``: client scenario, the classes retrain barely sees;
+    - ``leaving client holds 7:0.99``: client scenario, the classes retrain barely sees; for a test
+      miss then also ``test on those classes 7:0.000 against retrain's 7:0.650`` (``held_test``);
     - ``U-KR / CT-KR 0.000 / 0.126 against 0.014 / 0.014``: a KR miss."""
     missed = row.get("holds") is False or row.get("kr_ok") is False
     if not missed or "error" in row or row.get("bar", "").startswith(("flagged", "no ")):
@@ -273,6 +285,8 @@ def miss_context(row: dict, cell: list[dict]) -> tuple[str, set[str]]:
         if row.get("leaving_holds"):
             facts.append(f"leaving client holds {row['leaving_holds']}")
             kinds.add("leaving")
+            if key == "test_acc" and row.get("held_test") and (ref or {}).get("held_test"):
+                facts.append(f"test on those classes {row['held_test']} against retrain's {ref['held_test']}")
     if row["method"] != "fedup" and row.get("kr_ok") is False and ref is not None:
         facts.append(f"U-KR / CT-KR {_fmt(_num(row.get('u_kr')))} / {_fmt(_num(row.get('ct_kr')))} against "
                      f"{_fmt(_num(ref.get('u_kr')))} / {_fmt(_num(ref.get('ct_kr')))}")
@@ -325,6 +339,7 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
     held = leaving_holds(base, clients) if scenario == "client" else None
     for row in rows:
         row["leaving_holds"] = held
+        row["held_test"] = held_test(row.get("test_by_class"), held)
         own = row.get("validity_failed", [])
         cell_flags = [f for f in (validity or {}).get("failed", []) if f in ORIGINAL_CHECKS]
         # a row with its own original (a draw, or a method that trains its own) shows that original's
@@ -341,7 +356,7 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
             row["bar"], row["holds"] = "error", False
         elif not valid or _own_flagged(flags):
             row["bar"], row["holds"] = "flagged (original invalid)", None
-            for key in ("test_acc", "orig_test", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc"):
+            for key in ("test_acc", "orig_test", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "held_test"):
                 row[f"{key}_raw"], row[key] = row.get(key), None
         else:
             row["bar"], row["holds"] = judge(row["method"], scenario, row, ref)

@@ -1,9 +1,11 @@
 """Classification metrics: what each client measures locally, and how the server pools it.
 
 Per client (``client_metrics``): correct/total counts on retained training data, the forget set
-(with the labels it was trained with, so ``forget_acc`` is Lethe's KR, eq. 3), the local test split,
-the forget-class test samples, triggered test samples (share sent to the backdoor target), and the
-class-0 precision counts; plus a seeded subsample of per-sample confidences for the MIA.
+(with the labels it was trained with, so ``forget_acc`` is Lethe's KR, eq. 3), the local test split
+(also per class: ``test_acc_by_class`` shows which classes a method gave up, e.g. those a leaving
+client held nearly alone), the forget-class test samples, triggered test samples (share sent to the
+backdoor target), and the class-0 precision counts; plus a seeded subsample of per-sample
+confidences for the MIA.
 
 MIA, Unlearn-Sparse's SVC attack (``evaluation/SVC_MIA.py``, confidence feature): the feature of a
 sample is the model's softmax probability of its label; an SVC (RBF kernel, C = 3, gamma = 'auto')
@@ -57,6 +59,9 @@ def client_metrics(model: torch.nn.Module, data: ClientData, *, target: int, mia
         out[f"{name}-n"] = len(y)
         out[f"{name}-correct"] = int((pred == y).sum())
         if name == "test":
+            classes = probs.shape[1] if probs.dim() == 2 else 0
+            out["test-class-n"] = torch.bincount(y, minlength=classes).tolist()
+            out["test-class-correct"] = torch.bincount(y[pred == y], minlength=classes).tolist()
             out["pred-target-n"] = int((pred == target).sum())
             out["pred-target-correct"] = int(((pred == target) & (y == target)).sum())
             out["test-target-n"] = int((y == target).sum())
@@ -80,6 +85,21 @@ def feature_sample(model: torch.nn.Module, data: ClientData, limit: int, seed: i
 
 def _ratio(num: float, den: float) -> float:
     return float(num) / float(den) if den else float("nan")
+
+
+def _pool_by_class(per_client: list[dict], prefix: str) -> list[float | None] | None:
+    """Per-class accuracy pooled over clients from ``<prefix>-n`` / ``<prefix>-correct`` count lists
+    (``None`` for a class no client has a sample of; ``None`` in all when no client sent the lists)."""
+    sent = [c for c in per_client if f"{prefix}-n" in c]
+    if not sent:
+        return None
+    classes = max(len(c[f"{prefix}-n"]) for c in sent)
+    n, correct = np.zeros(classes, dtype=np.int64), np.zeros(classes, dtype=np.int64)
+    for c in sent:
+        counts, hits = list(c[f"{prefix}-n"]), list(c[f"{prefix}-correct"])
+        n[:len(counts)] += np.asarray(counts, dtype=np.int64)
+        correct[:len(hits)] += np.asarray(hits, dtype=np.int64)
+    return [float(k) / float(m) if m else None for k, m in zip(correct, n)]
 
 
 def mia_member_share(members: list[float], non_members: list[float], forget: list[float], seed: int) -> float:
@@ -116,6 +136,9 @@ def pool_metrics(per_client: list[dict], *, seed: int, with_trigger: bool, with_
         "mia": mia_member_share(conf["retain"], conf["test"], conf["forget"], seed),
     }
     entry["mia_efficacy"] = 1.0 - entry["mia"]
+    by_class = _pool_by_class(per_client, "test-class")
+    if by_class is not None:
+        entry["test_acc_by_class"] = by_class
     if with_forget_test:
         entry["forget_test_acc"] = _ratio(total["forget-test-correct"], total["forget-test-n"])
     if with_trigger:

@@ -64,6 +64,10 @@ def check_contract(spec, kind: str, scenario: str, cache_dir: str, out_dir: str)
         assert set(CORE) <= set(entry), (name, entry)  # None where a metric does not apply to the task
         assert all(entry[k] is None or 0.0 <= entry[k] <= 1.0 for k in CORE), (name, entry)
         assert all(isinstance(entry[k], float) for k in ("retain_acc", "forget_acc")), (name, entry)
+        if kind != "llm":  # a classifier's test accuracy per class, one entry per class (None: no test sample)
+            by_class = entry["test_acc_by_class"]
+            assert len(by_class) == task_for(TASK_OF_KIND[kind]).num_classes, (name, by_class)
+            assert all(v is None or 0.0 <= v <= 1.0 for v in by_class) and any(v is not None for v in by_class)
     assert len(results["resurfacing"]["kr_curve"]) == results["run"]["config"]["continue-rounds"]
     assert {"checks", "failed", "reasons", "original_valid"} <= set(results["validity"])
     assert math.isfinite(results["resurfacing"]["kr_retrain"])

@@ -540,6 +540,41 @@ def test_grid_states_the_facts_beside_every_miss_and_counts_them(tmp_path, monke
     assert grid.totals(list(again.values())) == grid.totals(rows)
 
 
+def test_grid_shows_the_test_accuracy_on_the_classes_the_leaving_client_holds(tmp_path, monkeypatch):
+    """In a client cell whose leaving client holds most of a class, every row shows its unlearned
+    model's test accuracy on that class (``held_test``), and a test miss names it beside retrain's;
+    a flagged row shows none, and judged again from the CSV the context is the same."""
+    grid = _benchmark_module()
+
+    def with_classes(results, by_class):
+        results["models"]["unlearned"]["test_acc_by_class"] = by_class
+        return results
+
+    cells = {21: {"retrain": with_classes(_fake_results(0.94, 0.0, 0.99, 0.0), [0.9] * 6 + [0.72] + [0.9] * 3),
+                  "lethe": with_classes(_fake_results(0.87, 0.0, 0.99, 0.0), [0.9] * 6 + [0.0] + [0.9] * 3)},
+             22: {"retrain": with_classes(_fake_results(0.94, 0.0, 0.99, 0.0, valid=False), [0.9] * 10),
+                  "lethe": with_classes(_fake_results(0.87, 0.0, 0.99, 0.0, valid=False), [0.9] * 10)}}
+
+    def fake_run(config, clients):
+        folder = tmp_path / f"{config['seed']}-{config['method']}"
+        folder.mkdir(exist_ok=True)
+        (folder / "results.json").write_text(json.dumps(cells[config["seed"]][config["method"]]))
+        return str(folder)
+
+    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+    monkeypatch.setattr(grid, "leaving_holds", lambda config, clients: "6:0.99")
+    rows = {(r["seed"], r["method"]): r for seed in (21, 22)
+            for r in grid.run_cell(seed, 7, 0.1, "client", ["retrain", "lethe"], {})}
+    assert rows[(21, "retrain")]["held_test"] == "6:0.720" and rows[(21, "lethe")]["held_test"] == "6:0.000"
+    assert rows[(21, "lethe")]["holds"] is False
+    assert rows[(21, "lethe")]["context"].endswith(
+        "leaving client holds 6:0.99; test on those classes 6:0.000 against retrain's 6:0.720")
+    assert rows[(22, "lethe")]["held_test"] is None  # flagged: no figure shown
+    grid.write_outputs(str(tmp_path / "grid"), list(rows.values()))
+    again = {(int(r["seed"]), r["method"]): r for r in grid.rejudge([str(tmp_path / "grid.csv")], {})}
+    assert again[(21, "lethe")]["context"] == rows[(21, "lethe")]["context"]
+
+
 def test_grid_names_the_classes_the_leaving_client_holds():
     """At alpha 0.05 over 2 clients the leaving (largest) client holds most of some classes; at
     alpha 1000 (near IID) it holds about half of each, so none is named."""

@@ -37,7 +37,8 @@ draws of seeds 150-159 met Lethe's test bar exactly as often as Lethe (18 of 29)
 Beside every miss the ``context`` column states what the cell shows around it, as facts, not as a
 verdict (``miss_context``): where the cell's original itself lies outside the test tolerance, what
 the retrain draws read (and whether they miss on the same side), the classes the leaving client
-holds and the test accuracy on each of them beside retrain's (``held_test``), or the KR figures; the totals count Lethe's test misses by these facts, and those with none
+holds and the test accuracy on each of them beside retrain's (``held_test``) and on the other classes
+(``outside_held``), or the KR figures; the totals count Lethe's test misses by these facts, and those with none
 of them.
 
 The report seeds default to 225-229, the first seeds run after the current defaults were chosen
@@ -83,7 +84,7 @@ DRAW = "retrain@init"  # method label prefix of a retrain draw from other initia
 # epoch a round. --run-config adds to it key by key, so a probe that sets other keys keeps these.
 GRID_RUN_CONFIG = {"continue-rounds": 60}
 COLUMNS = ("seed", "clients", "alpha", "scenario", "method", "validity", "test_acc", "d_test", "d_orig", "orig_test",
-           "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse", "leaving_holds", "held_test", "context", "error")
+           "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse", "leaving_holds", "held_test", "outside_held", "context", "error")
 
 
 def parse_shapes(text: str) -> list[tuple[int, float]]:
@@ -134,6 +135,33 @@ def held_test(by_class: list | None, held: str | None) -> str:
         return ""
     classes = [int(item.split(":")[0]) for item in held.split()]
     return " ".join(f"{c}:{_fmt(_num(by_class[c]) if c < len(by_class) else None)}" for c in classes)
+
+
+def test_class_counts(config: dict, clients: int) -> list[int]:
+    """Client scenario: the test samples per class of the pooled local test splits (what ``test_acc``
+    is measured on), so that :func:`outside_held` can take the held classes out of it."""
+    from tasks.config import parse_config
+    from tasks.requests import build_client_data
+
+    cfg = parse_config({**config, "scenario": "client"}, num_clients=clients)
+    images = cfg.task.load_images(cfg["data-dir"], cfg["download"])
+    counts = np.zeros(int(images.y.max()) + 1, dtype=np.int64)
+    for partition in range(clients):
+        counts += np.bincount(build_client_data(cfg, images, partition, clients).test_y.numpy(), minlength=len(counts))
+    return counts.tolist()
+
+
+def outside_held(test_acc: float | None, held: str | None, counts: list[int] | None) -> float | None:
+    """Test accuracy on every class ``held`` (a ``held_test`` string) does not name: ``test_acc`` with
+    those classes' samples (``counts``, :func:`test_class_counts`) taken out. Beside retrain's, it says
+    whether a test miss lies in the leaving client's classes alone."""
+    pairs = [item.split(":") for item in (held or "").split()]
+    if test_acc is None or not pairs or not counts or any(_parse(acc) is None for _, acc in pairs):
+        return None
+    taken = sum(counts[int(c)] for c, _ in pairs)
+    if taken >= sum(counts):
+        return None
+    return (test_acc * sum(counts) - sum(float(acc) * counts[int(c)] for c, acc in pairs)) / (sum(counts) - taken)
 
 
 def summarise(results: dict) -> dict:
@@ -245,7 +273,8 @@ def _set_d_test(row: dict, ref: dict | None) -> None:
 
 
 MISS_FACTS = (("original", "original outside the tolerance"), ("draw", "a retrain draw misses on the same side"),
-              ("leaving", "the leaving client holds most of a class"))  # miss_context's kinds, as the totals name them
+              ("leaving", "the leaving client holds most of a class"),
+              ("held_only", "within the tolerance outside those classes"))  # miss_context's kinds, as the totals name them
 
 
 def miss_context(row: dict, cell: list[dict]) -> tuple[str, set[str]]:
@@ -258,7 +287,9 @@ def miss_context(row: dict, cell: list[dict]) -> tuple[str, set[str]]:
     - ``draw 0.917 also above`` / ``draw 0.957``: the retrain draws' figure on the missed bar (test
       accuracy; retain accuracy for FedUP's), and whether a draw misses on the same side;
     - ``leaving client holds 7:0.99``: client scenario, the classes retrain barely sees; for a test
-      miss then also ``test on those classes 7:0.000 against retrain's 7:0.650`` (``held_test``);
+      miss then also ``test on those classes 7:0.000 against retrain's 7:0.650`` (``held_test``) and
+      ``outside those classes 0.951 against retrain's 0.957`` (``outside_held``; kind ``held_only``
+      where that difference is within the tolerance: the miss lies in those classes alone);
     - ``U-KR / CT-KR 0.000 / 0.126 against 0.014 / 0.014``: a KR miss."""
     missed = row.get("holds") is False or row.get("kr_ok") is False
     if not missed or "error" in row or row.get("bar", "").startswith(("flagged", "no ")):
@@ -287,6 +318,11 @@ def miss_context(row: dict, cell: list[dict]) -> tuple[str, set[str]]:
             kinds.add("leaving")
             if key == "test_acc" and row.get("held_test") and (ref or {}).get("held_test"):
                 facts.append(f"test on those classes {row['held_test']} against retrain's {ref['held_test']}")
+            mine, theirs = _num(row.get("outside_held")), _num((ref or {}).get("outside_held"))
+            if key == "test_acc" and mine is not None and theirs is not None:
+                facts.append(f"outside those classes {mine:.3f} against retrain's {theirs:.3f}")
+                if _side(mine, theirs, tol) is None:
+                    kinds.add("held_only")
     if row["method"] != "fedup" and row.get("kr_ok") is False and ref is not None:
         facts.append(f"U-KR / CT-KR {_fmt(_num(row.get('u_kr')))} / {_fmt(_num(row.get('ct_kr')))} against "
                      f"{_fmt(_num(ref.get('u_kr')))} / {_fmt(_num(ref.get('ct_kr')))}")
@@ -337,9 +373,11 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
     validity = validity or own_validity
     valid = bool(validity and validity.get("original_valid"))
     held = leaving_holds(base, clients) if scenario == "client" else None
+    counts = test_class_counts(base, clients) if held else None
     for row in rows:
         row["leaving_holds"] = held
         row["held_test"] = held_test(row.get("test_by_class"), held)
+        row["outside_held"] = outside_held(_num(row.get("test_acc")), row["held_test"], counts)
         own = row.get("validity_failed", [])
         cell_flags = [f for f in (validity or {}).get("failed", []) if f in ORIGINAL_CHECKS]
         # a row with its own original (a draw, or a method that trains its own) shows that original's
@@ -356,7 +394,8 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
             row["bar"], row["holds"] = "error", False
         elif not valid or _own_flagged(flags):
             row["bar"], row["holds"] = "flagged (original invalid)", None
-            for key in ("test_acc", "orig_test", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "held_test"):
+            for key in ("test_acc", "orig_test", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "held_test",
+                        "outside_held"):
                 row[f"{key}_raw"], row[key] = row.get(key), None
         else:
             row["bar"], row["holds"] = judge(row["method"], scenario, row, ref)
@@ -522,10 +561,14 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
         cells.setdefault(_cell(row), []).append(row)
     for (seed, clients, alpha, scenario), cell in cells.items():
         ref = next((r for r in cell if r["method"] == "retrain" and "error" not in r), None)
-        held = leaving_holds({**overrides, "seed": int(seed), "dirichlet-alpha": float(alpha)},
-                             int(clients)) if scenario == "client" else None
+        config = {**overrides, "seed": int(seed), "dirichlet-alpha": float(alpha)}
+        held = leaving_holds(config, int(clients)) if scenario == "client" else None
+        counts = test_class_counts(config, int(clients)) if held else None
         for row in cell:
             row["leaving_holds"], row["holds"] = held, None
+            if row.get("held_test") == "—":
+                row["held_test"] = None
+            row["outside_held"] = outside_held(row["test_acc"], row.get("held_test"), counts)
             row.pop("no_worse", None)
             if "error" in row:
                 row["holds"] = False

@@ -527,7 +527,8 @@ def test_grid_states_the_facts_beside_every_miss_and_counts_them(tmp_path, monke
     assert by[(13, "lethe")]["context"] == "U-KR / CT-KR 0.000 / 0.300 against 0.000 / 0.000"
     line = next(x for x in grid.totals(rows) if x.startswith("Lethe's test misses"))
     assert line == ("Lethe's test misses: 2 above (original outside the tolerance: 1, a retrain draw misses on the "
-                    "same side: 1, the leaving client holds most of a class: 0; none of these: 1)")
+                    "same side: 1, the leaving client holds most of a class: 0, within the tolerance outside those classes: 0; "
+                    "none of these: 1)")
     # per shape, in the same cells, the reference drawn again beside the method (FedUP: class cells 11, 12)
     assert [x for x in grid.totals(rows) if "same cells" in x] == [
         "10 clients alpha 0.5, both sides, same cells: Lethe's test within 0.03: retrain drawn again 1/1 draws, "
@@ -542,7 +543,8 @@ def test_grid_states_the_facts_beside_every_miss_and_counts_them(tmp_path, monke
 
 def test_grid_shows_the_test_accuracy_on_the_classes_the_leaving_client_holds(tmp_path, monkeypatch):
     """In a client cell whose leaving client holds most of a class, every row shows its unlearned
-    model's test accuracy on that class (``held_test``), and a test miss names it beside retrain's;
+    model's test accuracy on that class (``held_test``) and on the others (``outside_held``), and a
+    test miss names both beside retrain's, counted as a miss within the tolerance outside that class;
     a flagged row shows none, and judged again from the CSV the context is the same."""
     grid = _benchmark_module()
 
@@ -563,13 +565,20 @@ def test_grid_shows_the_test_accuracy_on_the_classes_the_leaving_client_holds(tm
 
     monkeypatch.setattr(grid, "run_inprocess", fake_run)
     monkeypatch.setattr(grid, "leaving_holds", lambda config, clients: "6:0.99")
+    monkeypatch.setattr(grid, "test_class_counts", lambda config, clients: [36] * 10)  # 360 test samples
     rows = {(r["seed"], r["method"]): r for seed in (21, 22)
             for r in grid.run_cell(seed, 7, 0.1, "client", ["retrain", "lethe"], {})}
     assert rows[(21, "retrain")]["held_test"] == "6:0.720" and rows[(21, "lethe")]["held_test"] == "6:0.000"
     assert rows[(21, "lethe")]["holds"] is False
+    # outside class 6: (0.94 * 360 - 0.72 * 36) / 324 for retrain, 0.87 * 360 / 324 for Lethe
+    assert rows[(21, "retrain")]["outside_held"] == pytest.approx(0.964444, abs=1e-6)
     assert rows[(21, "lethe")]["context"].endswith(
-        "leaving client holds 6:0.99; test on those classes 6:0.000 against retrain's 6:0.720")
-    assert rows[(22, "lethe")]["held_test"] is None  # flagged: no figure shown
+        "leaving client holds 6:0.99; test on those classes 6:0.000 against retrain's 6:0.720; "
+        "outside those classes 0.967 against retrain's 0.964")
+    assert "held_only" in rows[(21, "lethe")]["miss_kinds"]
+    assert rows[(22, "lethe")]["held_test"] is None and rows[(22, "lethe")]["outside_held"] is None  # flagged
+    line = next(x for x in grid.totals(list(rows.values())) if x.startswith("Lethe's test misses"))
+    assert "the leaving client holds most of a class: 1, within the tolerance outside those classes: 1" in line
     grid.write_outputs(str(tmp_path / "grid"), list(rows.values()))
     again = {(int(r["seed"]), r["method"]): r for r in grid.rejudge([str(tmp_path / "grid.csv")], {})}
     assert again[(21, "lethe")]["context"] == rows[(21, "lethe")]["context"]

@@ -84,7 +84,8 @@ DRAW = "retrain@init"  # method label prefix of a retrain draw from other initia
 # epoch a round. --run-config adds to it key by key, so a probe that sets other keys keeps these.
 GRID_RUN_CONFIG = {"continue-rounds": 60}
 COLUMNS = ("seed", "clients", "alpha", "scenario", "method", "validity", "test_acc", "d_test", "d_orig", "orig_test",
-           "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse", "leaving_holds", "held_test", "outside_held", "context", "error")
+           "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse", "leaving_holds", "held_test",
+           "outside_held", "context", "error")
 
 
 def parse_shapes(text: str) -> list[tuple[int, float]]:
@@ -272,9 +273,10 @@ def _set_d_test(row: dict, ref: dict | None) -> None:
         row["d_orig"] = row["orig_test"] - ref["test_acc"]
 
 
+# miss_context's kinds, as the totals name them
 MISS_FACTS = (("original", "original outside the tolerance"), ("draw", "a retrain draw misses on the same side"),
               ("leaving", "the leaving client holds most of a class"),
-              ("held_only", "within the tolerance outside those classes"))  # miss_context's kinds, as the totals name them
+              ("held_only", "within the tolerance outside those classes"))
 
 
 def miss_context(row: dict, cell: list[dict]) -> tuple[str, set[str]]:

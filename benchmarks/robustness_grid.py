@@ -568,8 +568,6 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
         counts = test_class_counts(config, int(clients)) if held else None
         for row in cell:
             row["leaving_holds"], row["holds"] = held, None
-            if row.get("held_test") == "—":
-                row["held_test"] = None
             row["outside_held"] = outside_held(row["test_acc"], row.get("held_test"), counts)
             row.pop("no_worse", None)
             if "error" in row:

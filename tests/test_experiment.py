@@ -29,7 +29,10 @@ def run(tmp_path, num_clients=4, fail_nodes=(), **overrides):
 
 
 def fractions_ok(entry):
-    return all(v is None or 0.0 <= v <= 1.0 for k, v in entry.items() if k != "equals_original")
+    """Every figure of a model entry is a fraction or None (``test_acc_by_class``: each class's)."""
+    values = [v for k, v in entry.items() if k not in ("equals_original", "test_acc_by_class")]
+    values += entry.get("test_acc_by_class") or []
+    return all(v is None or 0.0 <= v <= 1.0 for v in values)
 
 
 def test_retrain_run_writes_the_results_contract(tmp_path):

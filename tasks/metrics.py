@@ -59,9 +59,8 @@ def client_metrics(model: torch.nn.Module, data: ClientData, *, target: int, mia
         out[f"{name}-n"] = len(y)
         out[f"{name}-correct"] = int((pred == y).sum())
         if name == "test":
-            classes = probs.shape[1] if probs.dim() == 2 else 0
-            out["test-class-n"] = torch.bincount(y, minlength=classes).tolist()
-            out["test-class-correct"] = torch.bincount(y[pred == y], minlength=classes).tolist()
+            out["test-class-n"] = torch.bincount(y, minlength=probs.shape[1]).tolist()
+            out["test-class-correct"] = torch.bincount(y[pred == y], minlength=probs.shape[1]).tolist()
             out["pred-target-n"] = int((pred == target).sum())
             out["pred-target-correct"] = int(((pred == target) & (y == target)).sum())
             out["test-target-n"] = int((y == target).sum())
@@ -87,16 +86,17 @@ def _ratio(num: float, den: float) -> float:
     return float(num) / float(den) if den else float("nan")
 
 
-def _pool_by_class(per_client: list[dict], prefix: str) -> list[float | None] | None:
-    """Per-class accuracy pooled over clients from ``<prefix>-n`` / ``<prefix>-correct`` count lists
-    (``None`` for a class no client has a sample of; ``None`` in all when no client sent the lists)."""
-    sent = [c for c in per_client if f"{prefix}-n" in c]
+def _test_acc_by_class(per_client: list[dict]) -> list[float | None] | None:
+    """Test accuracy per class pooled over clients from their ``test-class-n`` / ``test-class-correct``
+    count lists (``None`` for a class no client has a test sample of; ``None`` in all when no client
+    sent the lists)."""
+    sent = [c for c in per_client if "test-class-n" in c]
     if not sent:
         return None
-    classes = max(len(c[f"{prefix}-n"]) for c in sent)
+    classes = max(len(c["test-class-n"]) for c in sent)
     n, correct = np.zeros(classes, dtype=np.int64), np.zeros(classes, dtype=np.int64)
     for c in sent:
-        counts, hits = list(c[f"{prefix}-n"]), list(c[f"{prefix}-correct"])
+        counts, hits = list(c["test-class-n"]), list(c["test-class-correct"])
         n[:len(counts)] += np.asarray(counts, dtype=np.int64)
         correct[:len(hits)] += np.asarray(hits, dtype=np.int64)
     return [float(k) / float(m) if m else None for k, m in zip(correct, n)]
@@ -136,7 +136,7 @@ def pool_metrics(per_client: list[dict], *, seed: int, with_trigger: bool, with_
         "mia": mia_member_share(conf["retain"], conf["test"], conf["forget"], seed),
     }
     entry["mia_efficacy"] = 1.0 - entry["mia"]
-    by_class = _pool_by_class(per_client, "test-class")
+    by_class = _test_acc_by_class(per_client)
     if by_class is not None:
         entry["test_acc_by_class"] = by_class
     if with_forget_test:

@@ -527,8 +527,8 @@ def test_grid_states_the_facts_beside_every_miss_and_counts_them(tmp_path, monke
     assert by[(13, "lethe")]["context"] == "U-KR / CT-KR 0.000 / 0.300 against 0.000 / 0.000"
     line = next(x for x in grid.totals(rows) if x.startswith("Lethe's test misses"))
     assert line == ("Lethe's test misses: 2 above (original outside the tolerance: 1, a retrain draw misses on the "
-                    "same side: 1, the leaving client holds most of a class: 0, within the tolerance outside those classes: 0; "
-                    "none of these: 1)")
+                    "same side: 1, the leaving client holds most of a class: 0, within the tolerance outside those "
+                    "classes: 0; none of these: 1)")
     # per shape, in the same cells, the reference drawn again beside the method (FedUP: class cells 11, 12)
     assert [x for x in grid.totals(rows) if "same cells" in x] == [
         "10 clients alpha 0.5, both sides, same cells: Lethe's test within 0.03: retrain drawn again 1/1 draws, "

@@ -117,6 +117,7 @@ def summarise(cell: Cell, results: dict, folder: str) -> dict:
             "rounds": int(cost.get("rounds", 0)), "flags": failed,
             "reasons": list(results.get("validity", {}).get("reasons", [])), "error": "", "folder": folder,
             "own_original": results["run"].get("own_original"),
+            "exact_fallback": (results.get("method") or {}).get("exact_fallback", {}).get("classes"),
             **_pretraining(results)}
 
 
@@ -333,7 +334,8 @@ def pretraining_table(rows: list[dict]) -> str:
 
 
 def problems(rows: list[dict], skipped: list[str]) -> str:
-    """The failed runs, the flagged entries and the skipped combinations, one line each."""
+    """The failed runs, the flagged entries, the runs whose result is retrain's own model (Lethe's exact
+    fallback: their row reads as retrain's) and the skipped combinations, one line each."""
     lines = []
     for row in rows:
         where = f"{row['method']} on {row['task']} / {row['scenario']} / seed {row['seed']}"
@@ -341,6 +343,9 @@ def problems(rows: list[dict], skipped: list[str]) -> str:
             lines.append(f"- failed: {where}: {row['error']}")
         elif row.get("reasons"):
             lines.append(f"- flagged: {where}: {'; '.join(row['reasons'])}")
+        if row.get("exact_fallback"):
+            shares = ", ".join(f"{share:.2f} of class {c}" for c, share in row["exact_fallback"].items())
+            lines.append(f"- exact fallback: {where}: retrain's own model (the request removes {shares})")
     lines += [f"- skipped: {line}" for line in skipped]
     return "\n".join(lines) if lines else "none"
 
@@ -405,7 +410,8 @@ def report(rows: list[dict], skipped: list[str], clients: int, overrides: str, j
         f"{clients} clients, shared overrides: `{overrides or 'none'}`. Entries are mean ± std over the seeds; "
         "`(k/n)`: only k of n seeds gave a number; `*`: the method trains its own original model (its "
         "`run.own_original` in results.json), not the shared one the other rows start from.",
-        fedup_tables(rows), lethe_tables(rows), pretraining_table(rows), "## Failed, flagged and skipped", problems(rows, skipped)]) + "\n"
+        fedup_tables(rows), lethe_tables(rows), pretraining_table(rows),
+        "## Failed, flagged, exact fallbacks and skipped", problems(rows, skipped)]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> str:

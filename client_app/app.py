@@ -70,8 +70,20 @@ def hello(msg: Message, context: Context) -> Message:
         "only model updates, counts and model outputs leave this node", data.client_id, cfg["scenario"],
         counts["n-forget"], counts["n-all"], counts["n-retain"])
     identity = {"data-id": _content_id(data)} if "data-path" in context.node_config else {}
-    return Message(RecordDict({"hello": MetricRecord({"client-id": data.client_id, **counts, **identity})}),
-                   reply_to=msg)
+    return Message(RecordDict({"hello": MetricRecord({"client-id": data.client_id, **counts, **identity,
+                                                      **_class_counts(cfg, data)})}), reply_to=msg)
+
+
+def _class_counts(cfg, data) -> dict[str, list[int]]:
+    """On a task with classes, this node's training samples per class that it keeps (``class-n-retain``)
+    and that the request takes away (``class-n-removed``, by their true labels: a backdoor's triggered
+    copies or flipped labels are not samples of the class they are labelled with). Label counts only,
+    no samples: the server reads from them how much of each class a request removes (Lethe's exact
+    fallback)."""
+    if not cfg.num_classes:
+        return {}
+    return {"class-n-retain": torch.bincount(data.retain_y, minlength=cfg.num_classes).tolist(),
+            "class-n-removed": torch.bincount(data.removed_y, minlength=cfg.num_classes).tolist()}
 
 
 @app.train()

@@ -70,6 +70,9 @@ class ClientData:
     triggered_test_y: torch.Tensor
     pretrain_only_x: torch.Tensor = field(default_factory=lambda: torch.zeros(EMPTY_X_SHAPE))
     pretrain_only_y: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    #: the true labels of the training samples the request takes from this client (before any poisoning):
+    #: all of a leaving client's, the chosen ones of the sample scenario, the forget class's
+    removed_y: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
 
     def split(self, role: str, *, all_data: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Training data of a role: ``all`` (retain + forget, plus ``pretrain_only``: the backdoor
@@ -226,4 +229,5 @@ def apply_request(cfg: Config, partition_id: int, forget_client: int, train: tup
         forget_test_x=tx[~test_keep], forget_test_y=ty[~test_keep],
         triggered_test_x=trig_x, triggered_test_y=trig_y,
         pretrain_only_x=pretrain_only[0], pretrain_only_y=pretrain_only[1].to(torch.int64),
+        removed_y=y[forget_mask].to(torch.int64),
     )

@@ -33,6 +33,12 @@ def test_hello_reports_client_id_and_counts():
     assert hello["client-id"] == 1 and hello["n-forget"] > 0 and hello["n-retain"] == 0
     other = app(_message("query.hello"), _context(pid=2)).content["hello"]
     assert other["n-forget"] == 0 and other["n-retain"] > 0 and other["n-all"] == other["n-retain"]
+    # label counts per class (digits: 10): what each node keeps and what the request removes
+    assert len(other["class-n-retain"]) == 10 and sum(other["class-n-retain"]) == other["n-retain"]
+    assert sum(other["class-n-removed"]) == 0 and sum(hello["class-n-retain"]) == 0
+    # the leaving backdoor client's samples by their true labels, not its triggered copies (all backdoor-target 0)
+    removed = hello["class-n-removed"]
+    assert sum(removed) > hello["n-forget"] > 0 and removed[0] < hello["n-forget"]
 
 
 def test_train_changes_weights_and_reports_examples():

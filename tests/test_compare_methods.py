@@ -52,8 +52,11 @@ def test_tables_have_the_papers_layouts_and_list_problems():
     assert "Table V" not in lethe
     assert "| fedup | 0.900 | 0.000 | 0.100 | 5.0 | 2.00 |" in lethe  # RR is a percentage already
     assert "| exact-fun * | 0.900 |" in lethe and "| exact-fun * | 0.900 |" in fedup  # its own original
+    rows.append(_row(1, scenario="client", method="lethe", exact_fallback={"1": 0.99, "4": 0.9666}))
     listed = compare.problems(rows, ["pga on digits-lenet5 / sample: does not support the sample scenario"])
     assert "flagged: lethe on digits-lenet5 / class / seed 1: original broken" in listed
+    assert ("exact fallback: lethe on digits-lenet5 / client / seed 1: retrain's own model (the request removes "
+            "0.99 of class 1, 0.97 of class 4)") in listed
     assert "skipped: pga on digits-lenet5 / sample" in listed
 
 

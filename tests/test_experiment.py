@@ -16,7 +16,10 @@ from strategies.common.federation import Federation, RoundFailed
 
 TINY = {"pretrain-rounds": 2, "continue-rounds": 2, "local-epochs": 1, "mia-max-samples": 30,
         "fedup-epochs": 20, "lethe-rectify-rounds": 1, "lethe-restore-rounds": 1, "lethe-adapter-steps": 3,
-        "lethe-verify-passes": 0, "lethe-restore-extra-rounds": 0}
+        "lethe-verify-passes": 0, "lethe-restore-extra-rounds": 0,
+        # the 4-client client scenario's leaving client holds 0.90 of class 8: Lethe would return retrain's
+        # model (its exact fallback), so the tests of its phases turn that off
+        "lethe-exact-share": 1.0}
 
 
 def run(tmp_path, num_clients=4, fail_nodes=(), **overrides):
@@ -184,6 +187,21 @@ def test_lethe_runs_its_three_phases(tmp_path):
     assert paper["cost"]["unlearn"]["rounds"] == 3
     assert paper["cost"]["unlearn"]["bytes_up"] < results["cost"]["unlearn"]["bytes_up"]
     assert paper["models"]["unlearned"] != results["models"]["unlearned"]
+
+
+def test_lethe_returns_exact_retraining_where_the_request_removes_most_of_a_class(tmp_path):
+    """4 clients at alpha 0.5, client scenario: the leaving client holds 0.90 of class 8's training samples
+    and the others the rest. At lethe-exact-share 0.8 Lethe's result is the run's retrain model (its
+    figures and its cost) and says why; at 0.95 it rectifies as usual."""
+    retrain, _, _ = run(tmp_path, method="retrain", scenario="client", poison="backdoor")
+    exact, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **{"lethe-exact-share": 0.8})
+    assert exact["method"] == {"exact_fallback": {"share": 0.8, "classes": {"8": pytest.approx(0.9028, abs=1e-4)}}}
+    assert exact["models"]["unlearned"] == retrain["models"]["unlearned"]
+    assert exact["cost"]["unlearn"] == exact["cost"]["built"]["retrain"] == retrain["cost"]["unlearn"]
+    rectified, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor",
+                          **{"lethe-exact-share": 0.95})
+    assert "exact_fallback" not in rectified["method"] and len(rectified["method"]["gamma_bounds"]) == 1
+    assert rectified["models"]["unlearned"] != retrain["models"]["unlearned"]
 
 
 def test_lethes_client_forget_stream_is_all_the_leaving_clients_data_unless_asked_otherwise(tmp_path, monkeypatch):

@@ -588,6 +588,7 @@ def verified(counts, scenario="class", guards=(), **overrides):
 
     overrides.setdefault("lethe-retry-backbone-rise", 0.5)  # = lethe-max-backbone-rise: no retry
     overrides.setdefault("lethe-retry-backbone-rise-client", 2.0)  # = its -client twin: no retry
+    overrides.setdefault("lethe-exact-share", 1.0)  # no federation here to read label counts from
     cfg = parse_config({"method": "lethe", "scenario": scenario, "poison": "backdoor", **overrides})
     ctx = UnlearnContext(None, cfg, ModelState(ArrayRecord({"lin.weight": torch.zeros(2, 2)})),
                          model_factory=lambda plugins: Linear(), retrain=None)

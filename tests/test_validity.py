@@ -387,6 +387,35 @@ def test_grid_reads_within_on_both_sides_and_keeps_the_one_sided_reading(tmp_pat
     assert grid.totals(again) == grid.totals(rows)
 
 
+def test_grid_names_lethes_exact_fallback_and_counts_the_cells_lethe_rectified_apart(tmp_path, monkeypatch):
+    """A Lethe row whose result is retrain's own model (``method.exact_fallback``) meets its bars by
+    construction: the bar says so, ``exact`` names the classes, and the totals give the bars in the
+    cells Lethe rectified; saved rows judged again say the same."""
+    grid = _benchmark_module()
+    fallback = {"exact_fallback": {"share": 0.8, "classes": {"1": 0.99}}}
+    exact = {**_fake_results(0.85, 0.0, 0.90, 0.0), "method": fallback}
+    outcomes = {11: {"retrain": _fake_results(0.85, 0.0, 0.90, 0.0), "lethe": exact},
+                12: {"retrain": _fake_results(0.85, 0.0, 0.90, 0.0), "lethe": _fake_results(0.80, 0.0, 0.85, 0.0)}}
+
+    def fake_run(config, clients):
+        folder = tmp_path / f"{config['method']}-{config['seed']}"
+        folder.mkdir(exist_ok=True)
+        (folder / "results.json").write_text(json.dumps(outcomes[config["seed"]][config["method"]]))
+        return str(folder)
+
+    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+    rows = [r for seed in (11, 12) for r in grid.run_cell(seed, 7, 0.1, "sample", ["retrain", "lethe"], {})]
+    fallback, rectified = (r for r in rows if r["method"] == "lethe")
+    assert fallback["exact"] == "1:0.99" and fallback["bar"].endswith("(exact fallback: retrain's model)")
+    assert rectified["exact"] == "" and "exact" not in rectified["bar"] and rectified["holds"] is False
+    lines = grid.totals(rows)
+    assert "1/2 valid cells" in lines[0]
+    assert lines[1] == ("of them by Lethe's exact fallback (retrain's own model): 1; in the 1 cells Lethe "
+                        "rectified, the test bar holds in 0, U-KR and CT-KR in 1")
+    grid.write_outputs(str(tmp_path / "grid"), rows)
+    assert grid.totals(grid.rejudge([str(tmp_path / "grid.csv")], {})) == lines
+
+
 def test_grid_rejudge_gives_a_method_run_again_alone_its_cells_d_orig(tmp_path, monkeypatch):
     """A Lethe row run again without retrain (``--methods lethe``) has no reference, so no ``d_test``
     or ``d_orig``; judged again together with the first grid's file, it is judged against that file's

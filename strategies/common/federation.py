@@ -68,6 +68,9 @@ class NodeInfo:
     client_id: int
     counts: dict[str, int] = field(default_factory=dict)
     data_id: int = 0
+    #: training samples per class it keeps (``retain``) and the request removes (``removed``, by their
+    #: true labels); empty on a task without classes
+    class_counts: dict[str, list[int]] = field(default_factory=dict)
 
 
 def message_bytes(message: Message) -> int:
@@ -111,7 +114,9 @@ class Federation:
             metrics = reply.content["hello"]
             info = NodeInfo(reply.metadata.src_node_id, int(metrics["client-id"]),
                             {k: int(v) for k, v in metrics.items() if k.startswith("n-")},
-                            int(metrics.get("data-id", 0)))
+                            int(metrics.get("data-id", 0)),
+                            {k[len("class-n-"):]: [int(c) for c in v] for k, v in metrics.items()
+                             if k.startswith("class-n-")})
             self.nodes[info.node_id] = info
 
     @property

@@ -125,6 +125,10 @@ SETTINGS: tuple[Setting, ...] = (
         "fedavg: FedAvg on retained clients (paper); rectified: forget clients also train and the "
         "retain update's component along their update is removed where they align",
         one_of(("fedavg", "rectified"))),
+    setting("lethe-exact-share", float, 0.8,
+        "exact fallback: where the request removes at least this share of a class's training samples and the "
+        "retained clients hold the rest, Lethe returns exact retraining on the retained clients instead of "
+        "rectifying (method.exact_fallback; tasks with classes); 1 = never", in_range(0.5, 1)),
 )
 
 

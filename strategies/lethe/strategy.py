@@ -34,6 +34,10 @@
    it still predicts too much of the forget set as its label (:meth:`Lethe.still_known`), the three
    phases run again from it, with a stop counted from where that pass starts.
 
+0. **Exact fallback** (ours, ``lethe-exact-share``, :mod:`strategies.lethe.exact`), before any of it:
+   a request that removes most of a class's training samples but leaves some gets exact retraining
+   on the retained clients, not a rectified model.
+
 A forget client that fails during amplify or rectify ends the phase (``RoundFailed`` naming the
 phase and round); the original model is never modified, so it stays intact.
 """
@@ -51,6 +55,7 @@ from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, Un
 from strategies.common.fedavg_rounds import RoleFedAvg, run_rounds
 from strategies.common.federation import RoundFailed
 from strategies.lethe.adapter import ADAPTER_KIND
+from strategies.lethe.exact import mostly_removed_classes
 from strategies.lethe.rectify import RectifyPhase
 from strategies.lethe.restore import RestorePhase, broken_because, pass_utility
 from strategies.lethe.settings import scenario_key, scenario_setting, widens_client_stream
@@ -227,8 +232,22 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         against 0.819) and 205 (7 clients alpha 0.1, client; the client holds all of class 6 and 82 %
         of class 7: 0.839 against retrain's 0.842, where the fallback read 0.944), so the fallback is
         left for a request that both whole-data attempts leave undone (docs/lethe-log.md, "The
-        whole-data stream's retry")."""
+        whole-data stream's retry").
+
+        Before all of it, the exact fallback (:mod:`strategies.lethe.exact`): where the request removes
+        at least ``lethe-exact-share`` of some class's training samples and the retained clients hold
+        the rest, the result is the run's retrain model, at retrain's cost, with the classes and
+        shares in ``method.exact_fallback``."""
         cfg = ctx.cfg
+        share = cfg["lethe-exact-share"]
+        classes = mostly_removed_classes(ctx.fed, share) if share < 1 else {}
+        if classes:
+            named = ", ".join(f"{part:.2f} of class {label}" for label, part in classes.items())
+            log.warning("[lethe] the request removes %s and the retained clients hold the rest: rectification cannot "
+                        "match exact unlearning on such a class, so the result is exact retraining on the retained "
+                        "clients (lethe-exact-share=%g; 1 = never)", named, share)
+            fallback = {"share": share, "classes": {str(label): part for label, part in classes.items()}}
+            return UnlearnResult(ctx.retrain(), {"exact_fallback": fallback}, built="retrain")
         self.start_fit = None  # every attempt runs from this original: its retained counts are read once
         if cfg["lethe-max-fit-drop"] < 1 and cfg["lethe-restore-mode"] == "rectified" and cfg.num_classes:
             self.start_fit = self._retained_counts(ctx, ctx.original.arrays.to_torch_state_dict(), round_no=0)

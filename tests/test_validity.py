@@ -387,6 +387,18 @@ def test_grid_reads_within_on_both_sides_and_keeps_the_one_sided_reading(tmp_pat
     assert grid.totals(again) == grid.totals(rows)
 
 
+def _serve_by_seed(monkeypatch, grid, tmp_path, results_by_seed):
+    """The grid's runs answered with ``results_by_seed[seed][method]`` as a results.json in a folder of its own."""
+
+    def fake_run(config, clients):
+        folder = tmp_path / f"{config['seed']}-{config['method']}"
+        folder.mkdir(exist_ok=True)
+        (folder / "results.json").write_text(json.dumps(results_by_seed[config["seed"]][config["method"]]))
+        return str(folder)
+
+    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+
+
 def test_grid_names_lethes_exact_fallback_and_counts_the_cells_lethe_rectified_apart(tmp_path, monkeypatch):
     """A Lethe row whose result is retrain's own model (``method.exact_fallback``) meets its bars by
     construction: the bar says so, ``exact`` names the classes, and the totals give the bars in the
@@ -397,13 +409,7 @@ def test_grid_names_lethes_exact_fallback_and_counts_the_cells_lethe_rectified_a
     outcomes = {11: {"retrain": _fake_results(0.85, 0.0, 0.90, 0.0), "lethe": exact},
                 12: {"retrain": _fake_results(0.85, 0.0, 0.90, 0.0), "lethe": _fake_results(0.80, 0.0, 0.85, 0.0)}}
 
-    def fake_run(config, clients):
-        folder = tmp_path / f"{config['method']}-{config['seed']}"
-        folder.mkdir(exist_ok=True)
-        (folder / "results.json").write_text(json.dumps(outcomes[config["seed"]][config["method"]]))
-        return str(folder)
-
-    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+    _serve_by_seed(monkeypatch, grid, tmp_path, outcomes)
     rows = [r for seed in (11, 12) for r in grid.run_cell(seed, 7, 0.1, "sample", ["retrain", "lethe"], {})]
     fallback, rectified = (r for r in rows if r["method"] == "lethe")
     assert fallback["exact"] == "1:0.99" and fallback["bar"].endswith("(exact fallback: retrain's model)")
@@ -586,13 +592,7 @@ def test_grid_shows_the_test_accuracy_on_the_classes_the_leaving_client_holds(tm
              22: {"retrain": with_classes(_fake_results(0.94, 0.0, 0.99, 0.0, valid=False), [0.9] * 10),
                   "lethe": with_classes(_fake_results(0.87, 0.0, 0.99, 0.0, valid=False), [0.9] * 10)}}
 
-    def fake_run(config, clients):
-        folder = tmp_path / f"{config['seed']}-{config['method']}"
-        folder.mkdir(exist_ok=True)
-        (folder / "results.json").write_text(json.dumps(cells[config["seed"]][config["method"]]))
-        return str(folder)
-
-    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+    _serve_by_seed(monkeypatch, grid, tmp_path, cells)
     monkeypatch.setattr(grid, "leaving_holds", lambda config, clients: "6:0.99")
     monkeypatch.setattr(grid, "test_class_counts", lambda config, clients: [36] * 10)  # 360 test samples
     rows = {(r["seed"], r["method"]): r for seed in (21, 22)

@@ -404,7 +404,8 @@ def test_grid_names_lethes_exact_fallback_and_counts_the_cells_lethe_rectified_a
     construction: the bar says so, ``exact`` names the classes, and the totals give the bars in the
     cells Lethe rectified; saved rows judged again say the same."""
     grid = _benchmark_module()
-    exact = {**_fake_results(0.85, 0.0, 0.90, 0.0), "method": {"exact_fallback": {"share": 0.8, "classes": {"1": 0.99}}}}
+    exact = {**_fake_results(0.85, 0.0, 0.90, 0.0),
+             "method": {"exact_fallback": {"share": 0.8, "classes": {"1": 0.99}}}}
     outcomes = {11: {"retrain": _fake_results(0.85, 0.0, 0.90, 0.0), "lethe": exact},
                 12: {"retrain": _fake_results(0.85, 0.0, 0.90, 0.0), "lethe": _fake_results(0.80, 0.0, 0.85, 0.0)}}
     _serve_by_seed(monkeypatch, grid, tmp_path, outcomes)

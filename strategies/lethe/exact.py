@@ -36,7 +36,7 @@ def mostly_removed_classes(fed: Federation, share: float) -> dict[int, float]:
 
 
 def _summed(fed: Federation, role: str) -> list[int]:
-    """Training samples per class of ``role`` (``retain`` or ``removed``) summed over the nodes."""
-    lists = [node.class_counts.get(role, []) for node in fed.nodes.values()]
-    width = max((len(counts) for counts in lists), default=0)
-    return [sum(counts[c] for counts in lists if c < len(counts)) for c in range(width)]
+    """Training samples per class of ``role`` (``retain`` or ``removed``) summed over the nodes that
+    sent them (each sends one count per class of the task)."""
+    lists = [node.class_counts[role] for node in fed.nodes.values() if role in node.class_counts]
+    return [sum(column) for column in zip(*lists)]

@@ -155,6 +155,10 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
        open_unit(False)),
     setting("pretrain-rounds", int, 20, "FedAvg rounds that train the original model", positive()),
     setting("retrain-rounds", int, 0, "FedAvg rounds of the retrain oracle; 0 = pretrain-rounds", at_least(0)),
+    setting("retrain-fit-rounds", int, 20,
+       "on a task with classes, rounds the retrain oracle may train on, one at a time, until its share of the "
+       "retained training data predicted right is within 0.01 of the original's (at most its own rounds); "
+       "0 = never", at_least(0)),
     setting("continue-rounds", int, 10, "FedAvg rounds on retained data after unlearning (resurfacing)",
        at_least(0)),
     setting("continue-plugins", str, "frozen",

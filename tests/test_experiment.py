@@ -19,7 +19,10 @@ TINY = {"pretrain-rounds": 2, "continue-rounds": 2, "local-epochs": 1, "mia-max-
         "lethe-verify-passes": 0, "lethe-restore-extra-rounds": 0,
         # the 4-client client scenario's leaving client holds 0.90 of class 8: Lethe would return retrain's
         # model (its exact fallback), so the tests of its phases turn that off
-        "lethe-exact-share": 1.0}
+        "lethe-exact-share": 1.0,
+        # the oracle trained on to fit (``Experiment.fit_oracle``) sends evaluate messages of its own: the
+        # tests that count messages turn it off, and its own tests turn it on
+        "retrain-fit-rounds": 0}
 
 
 def run(tmp_path, num_clients=4, fail_nodes=(), **overrides):

@@ -421,6 +421,41 @@ def test_grid_names_lethes_exact_fallback_and_counts_the_cells_lethe_rectified_a
     assert grid.totals(grid.rejudge([str(tmp_path / "grid.csv")], {})) == lines
 
 
+def test_grid_shows_where_the_retrain_oracle_trained_on_to_fit_and_counts_those_oracles(tmp_path, monkeypatch):
+    """``cost.built.retrain.fit`` (``Experiment.fit_oracle``) shows on the retrain rows (a draw's too) as
+    the fit before and after and the rounds it took, never on a method's row; the totals count such
+    oracles and those still not within; saved rows judged again say the same."""
+    grid = _benchmark_module()
+
+    def fitted(results, start, kept, rounds, within=True):
+        fit = {"original": 0.99, "start": start, "kept": kept, "kept_round": rounds, "rounds": rounds, "within": within}
+        return {**results, "cost": {"built": {"retrain": {"rounds": 60 + rounds, "fit": fit}}}}
+
+    plain = _fake_results(0.95, 0.0, 0.99, 0.0)
+    outcomes = {11: {"retrain": fitted(plain, 0.917, 0.995, 2), "lethe": fitted(plain, 0.917, 0.995, 2),
+                     "draw": fitted(plain, 0.90, 0.95, 3, within=False)},
+                12: {"retrain": plain, "lethe": plain, "draw": plain}}
+
+    def fake_run(config, clients):  # a draw runs as method retrain with an init-seed of its own
+        served = outcomes[config["seed"]]["draw" if "init-seed" in config else config["method"]]
+        folder = tmp_path / f"{config['seed']}-{config['method']}-{config.get('init-seed')}"
+        folder.mkdir(exist_ok=True)
+        (folder / "results.json").write_text(json.dumps(served))
+        return str(folder)
+
+    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+    rows = [r for seed in (11, 12) for r in grid.run_cell(seed, 7, 0.1, "class", ["retrain", "lethe"], {},
+                                                          retrain_draws=2)]
+    shown = {(r["seed"], r["method"]): r["oracle_fit"] for r in rows}
+    assert shown == {(11, "retrain"): "0.917->0.995 (+2)", (11, "lethe"): "", (11, "retrain@init1011"):
+                     "0.900->0.950 (+3), not within", (12, "retrain"): "", (12, "lethe"): "", (12, "retrain@init1012"): ""}
+    line = "retrain oracles (draws included) trained on to fit their training data as the original: 2/4; " \
+           "still not within: 1"
+    assert line in grid.totals(rows)
+    grid.write_outputs(str(tmp_path / "grid"), rows)
+    assert line in grid.totals(grid.rejudge([str(tmp_path / "grid.csv")], {}))
+
+
 def test_grid_rejudge_gives_a_method_run_again_alone_its_cells_d_orig(tmp_path, monkeypatch):
     """A Lethe row run again without retrain (``--methods lethe``) has no reference, so no ``d_test``
     or ``d_orig``; judged again together with the first grid's file, it is judged against that file's

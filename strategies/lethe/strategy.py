@@ -54,6 +54,7 @@ from flwr.serverapp.strategy import FedAvg
 from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
 from strategies.common.fedavg_rounds import RoleFedAvg, run_rounds
 from strategies.common.federation import RoundFailed
+from strategies.common.fit import fit_share, retained_counts
 from strategies.lethe.adapter import ADAPTER_KIND
 from strategies.lethe.exact import mostly_removed_classes
 from strategies.lethe.rectify import RectifyPhase
@@ -170,14 +171,8 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
                 "clean-n": total["test-n"] - total["test-target-n"]}
 
     def _retained_counts(self, ctx: UnlearnContext, state: State, round_no: int) -> dict[int, tuple[int, int]] | None:
-        """One ``evaluate`` message to each retained client with ``state``'s backbone: per replying node,
-        ``(retain-correct, retain-n)``, its training data whose label the model predicts; ``None`` on
-        a task whose clients report no such counts (the LLM task)."""
-        replies = self._evaluate_backbone(ctx, state, "n-retain", round_no)
-        metrics = {r.metadata.src_node_id: r.content["metrics"] for r in replies}
-        if not metrics or not all("retain-correct" in m and "retain-n" in m for m in metrics.values()):
-            return None
-        return {node: (int(m["retain-correct"]), int(m["retain-n"])) for node, m in metrics.items()}
+        """:func:`strategies.common.fit.retained_counts` of ``state``'s backbone (adapter removed)."""
+        return retained_counts(ctx.fed, ArrayRecord(without_adapter(state)), round_no + self.round_offset)
 
     def retained_fit(self, ctx: UnlearnContext, state: State) -> dict | None:
         """``{"original", "restored"}``: the share of the retained clients' training data whose label the
@@ -188,11 +183,8 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
             return None
         now = self._retained_counts(ctx, state, round_no=pass_rounds(ctx.cfg) - 1)
         common = sorted(set(now or {}) & set(self.start_fit))
-        total = sum(self.start_fit[n][1] for n in common)
-        if not total:
-            return None
-        return {"original": sum(self.start_fit[n][0] for n in common) / total,
-                "restored": sum(now[n][0] for n in common) / total}
+        original = fit_share(self.start_fit, common)
+        return None if original is None else {"original": original, "restored": fit_share(now, common)}
 
     def _forget_eval(self, ctx: UnlearnContext, state: State, round_no: int) -> tuple[float, float]:
         """``(forget accuracy, target share)`` of ``state``'s backbone at the forget clients (see

@@ -1,0 +1,33 @@
+"""How well a model fits the retained clients' training data: the share whose label it predicts.
+
+One ``evaluate`` message with the model to every node that keeps data; each replies with its
+``retain-correct`` / ``retain-n`` counts (a task with classes; the LLM task reports none). Lethe
+holds its restored model to the original's fit, and the retrain oracle trains on until it fits
+its training data as the original does (``server_app.experiment.Experiment.fit_oracle``).
+"""
+
+from __future__ import annotations
+
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+from strategies.common.federation import Federation
+from tasks.plugins import specs_to_json
+
+
+def retained_counts(fed: Federation, arrays: ArrayRecord, round_no: int) -> dict[int, tuple[int, int]] | None:
+    """Per replying node that keeps data, ``(retain-correct, retain-n)``: its training data whose
+    label the model ``arrays`` (no plug-ins) predicts; ``None`` on a task whose clients report no
+    such counts."""
+    content = RecordDict({"arrays": arrays, "config": ConfigRecord({"plugins": specs_to_json([])})})
+    replies = fed.broadcast(fed.nodes_with("n-retain"), "evaluate", content, round_no=round_no)
+    metrics = {r.metadata.src_node_id: r.content["metrics"] for r in replies}
+    if not metrics or not all("retain-correct" in m and "retain-n" in m for m in metrics.values()):
+        return None
+    return {node: (int(m["retain-correct"]), int(m["retain-n"])) for node, m in metrics.items()}
+
+
+def fit_share(counts: dict[int, tuple[int, int]], nodes: list[int]) -> float | None:
+    """The share of the training data of ``nodes`` predicted right, from :func:`retained_counts`;
+    ``None`` where they hold none."""
+    total = sum(counts[n][1] for n in nodes)
+    return sum(counts[n][0] for n in nodes) / total if total else None

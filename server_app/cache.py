@@ -4,7 +4,9 @@ The key is a hash of everything that determines the model: the data's identity (
 the arrays or records actually read, so other files under the same ``data-dir`` never reuse a model),
 the federation (every client's id and data counts from the hello round), the partition settings,
 the request, every training setting and the rounds. So every method in a comparison starts from the
-very same original model, and RR always uses the same retrain reference. Only a model built while
+very same original model, and RR always uses the same retrain reference. A retrain oracle that trains
+on until it fits its training data as the original does (``Experiment.fit_oracle``) also has that
+setting and the original's id in its key. Only a model built while
 no client failed is stored (a degraded one is the caller's to report, never reused).
 
 Each entry is two files written atomically under a lock: ``<kind>-<digest>.pt`` (weights) and a

@@ -22,7 +22,7 @@ from server_app.evaluation import ReceivedModelMeasure, evaluate_models
 from server_app.report import append_csv, package_versions, plot_kr_curve, run_folder, write_results
 from strategies.common.base import ModelState, UnlearnContext
 from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds, scheduled_lr
-from strategies.common.federation import Federation
+from strategies.common.federation import Federation, PhaseCost
 from strategies.common.fit import fit_share, retained_counts
 from strategies.registry import method_for, method_spec, pretraining_keeps
 from tasks.config import Config, ConfigError, inapplicable_settings, parse_config
@@ -247,7 +247,7 @@ class Experiment:
         """Does :meth:`fit_oracle` apply: ``retrain-fit-rounds`` > 0, a task with classes, the original built."""
         return self.cfg["retrain-fit-rounds"] > 0 and self.cfg.num_classes > 1 and self._original is not None
 
-    def fit_oracle(self, arrays: ArrayRecord, rounds: int, cost, lr: float) -> ArrayRecord:
+    def fit_oracle(self, arrays: ArrayRecord, rounds: int, cost: PhaseCost, lr: float) -> ArrayRecord:
         """The retrain oracle ``arrays`` after its ``rounds``, trained on until it fits its training data as
         the original does. Where the share of the retained clients' training data it predicts right
         (:func:`strategies.common.fit.retained_counts`) is more than :data:`ORACLE_FIT_TOLERANCE` below the

@@ -8,19 +8,25 @@ its training data as the original does (``server_app.experiment.Experiment.fit_o
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from strategies.common.federation import Federation
 from tasks.plugins import specs_to_json
+
+
+def evaluate_plain(fed: Federation, count_key: str, arrays: ArrayRecord, round_no: int,
+                   require_all: bool = False) -> list[Message]:
+    """One ``evaluate`` message with the model ``arrays`` (no plug-ins) to each node holding data
+    counted by ``count_key``; their valid replies."""
+    content = RecordDict({"arrays": arrays, "config": ConfigRecord({"plugins": specs_to_json([])})})
+    return fed.broadcast(fed.nodes_with(count_key), "evaluate", content, round_no=round_no, require_all=require_all)
 
 
 def retained_counts(fed: Federation, arrays: ArrayRecord, round_no: int) -> dict[int, tuple[int, int]] | None:
     """Per replying node that keeps data, ``(retain-correct, retain-n)``: its training data whose
     label the model ``arrays`` (no plug-ins) predicts; ``None`` on a task whose clients report no
     such counts."""
-    content = RecordDict({"arrays": arrays, "config": ConfigRecord({"plugins": specs_to_json([])})})
-    replies = fed.broadcast(fed.nodes_with("n-retain"), "evaluate", content, round_no=round_no)
-    metrics = {r.metadata.src_node_id: r.content["metrics"] for r in replies}
+    metrics = {r.metadata.src_node_id: r.content["metrics"] for r in evaluate_plain(fed, "n-retain", arrays, round_no)}
     if not metrics or not all("retain-correct" in m and "retain-n" in m for m in metrics.values()):
         return None
     return {node: (int(m["retain-correct"]), int(m["retain-n"])) for node, m in metrics.items()}

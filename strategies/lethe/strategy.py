@@ -48,13 +48,13 @@ import dataclasses
 import logging
 import math
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp.strategy import FedAvg
 
 from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
 from strategies.common.fedavg_rounds import RoleFedAvg, run_rounds
 from strategies.common.federation import RoundFailed
-from strategies.common.fit import fit_share, retained_counts
+from strategies.common.fit import evaluate_plain, fit_share, retained_counts
 from strategies.lethe.adapter import ADAPTER_KIND
 from strategies.lethe.exact import mostly_removed_classes
 from strategies.lethe.rectify import RectifyPhase
@@ -62,7 +62,6 @@ from strategies.lethe.restore import RestorePhase, broken_because, pass_utility
 from strategies.lethe.settings import scenario_key, scenario_setting, widens_client_stream
 from strategies.lethe.views import State, mean_forget_loss, role_view, train_content, without_adapter
 from tasks.config import Config
-from tasks.plugins import specs_to_json
 
 log = logging.getLogger("fedunlearn")
 
@@ -149,10 +148,8 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
                            require_all: bool = False) -> list[Message]:
         """One ``evaluate`` message with ``state``'s backbone (adapter removed) to each node holding data
         counted by ``count_key``; their replies."""
-        content = RecordDict({"arrays": ArrayRecord(without_adapter(state)),
-                              "config": ConfigRecord({"plugins": specs_to_json([])})})
-        return ctx.fed.broadcast(ctx.fed.nodes_with(count_key), "evaluate", content,
-                                 round_no=round_no + self.round_offset, require_all=require_all)
+        return evaluate_plain(ctx.fed, count_key, ArrayRecord(without_adapter(state)), round_no + self.round_offset,
+                              require_all=require_all)
 
     def _forget_counts(self, ctx: UnlearnContext, state: State, round_no: int) -> dict[str, int] | None:
         """One ``evaluate`` message to each forget client with ``state``'s backbone: the summed counts

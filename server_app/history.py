@@ -25,13 +25,17 @@ log = logging.getLogger("fedunlearn")
 
 
 class UpdateHistory:
-    """``rounds``: round -> {"global": state, "clients": {client id: state}, "counts": {client id: n}}."""
+    """``rounds``: round -> {"global": state, "clients": {client id: state}, "counts": {client id: n},
+    "lr": the clients' lr in that round}. A round's ``lr`` is the phase's own unless a play was redone
+    (``run_rounds``) or the original trained on at a lower one (``Experiment.settle_original``); a history
+    stored before it was recorded has none, and a replay reads the run's ``lr`` there
+    (``strategies.common.fedavg_rounds.recorded_lr``)."""
 
     def __init__(self, interval: int, client_of_node):
         self.interval, self.client_of_node = interval, client_of_node
         self.rounds: dict[int, dict] = {}
 
-    def record(self, server_round: int, sent: ArrayRecord, replies: list[Message]) -> None:
+    def record(self, server_round: int, sent: ArrayRecord, replies: list[Message], lr: float | None = None) -> None:
         """The ``on_replies`` hook: keep round 1 and every ``interval``-th round after it."""
         if (server_round - 1) % self.interval:
             return
@@ -40,7 +44,8 @@ class UpdateHistory:
             cid = self.client_of_node(reply.metadata.src_node_id)
             clients[cid] = reply.content["arrays"].to_torch_state_dict()
             counts[cid] = int(reply.content["metrics"]["num-examples"])
-        self.rounds[server_round] = {"global": sent.to_torch_state_dict(), "clients": clients, "counts": counts}
+        self.rounds[server_round] = {"global": sent.to_torch_state_dict(), "clients": clients, "counts": counts,
+                                     **({"lr": lr} if lr is not None else {})}
 
 
 def history_path(cache_folder: str, original_id: str, interval: int) -> str:

@@ -159,6 +159,10 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
        "on a task with classes, rounds the retrain oracle may train on, one at a time, until its share of the "
        "retained training data predicted right is within 0.01 of the original's (at most its own rounds); "
        "0 = never", at_least(0)),
+    setting("original-settle-rounds", int, 10,
+       "on a task with classes, rounds the original may train on, one at a time at half its last round's lr, "
+       "where its share of the retained training data predicted right ended more than 0.01 below that of its "
+       "model a sixth of its rounds earlier, until within; 0 = never", at_least(0)),
     setting("continue-rounds", int, 10, "FedAvg rounds on retained data after unlearning (resurfacing)",
        at_least(0)),
     setting("continue-plugins", str, "frozen",

@@ -22,7 +22,10 @@ TINY = {"pretrain-rounds": 2, "continue-rounds": 2, "local-epochs": 1, "mia-max-
         "lethe-exact-share": 1.0,
         # the oracle trained on to fit (``Experiment.fit_oracle``) sends evaluate messages of its own: the
         # tests that count messages turn it off, and its own tests turn it on
-        "retrain-fit-rounds": 0}
+        "retrain-fit-rounds": 0,
+        # the original trained on where its last rounds lost their fit (``Experiment.settle_original``)
+        # measures its fit twice: off here for the same reason, on in its own tests
+        "original-settle-rounds": 0}
 
 
 def run(tmp_path, num_clients=4, fail_nodes=(), **overrides):

@@ -421,22 +421,16 @@ def test_grid_names_lethes_exact_fallback_and_counts_the_cells_lethe_rectified_a
     assert grid.totals(grid.rejudge([str(tmp_path / "grid.csv")], {})) == lines
 
 
-def test_grid_shows_where_the_retrain_oracle_trained_on_to_fit_and_counts_those_oracles(tmp_path, monkeypatch):
-    """``cost.built.retrain.fit`` (``Experiment.fit_oracle``) shows on the retrain rows (a draw's too) as
-    the fit before and after and the rounds it took, never on a method's row; the totals count such
-    oracles and those still not within; saved rows judged again say the same."""
-    grid = _benchmark_module()
-
-    def fitted(results, start, kept, rounds, within=True):
-        fit = {"original": 0.99, "start": start, "kept": kept, "kept_round": rounds, "rounds": rounds, "within": within}
-        return {**results, "cost": {"built": {"retrain": {"rounds": 60 + rounds, "fit": fit}}}}
-
+def _served_cells(grid, tmp_path, monkeypatch, scenario: str, built: str, fits: dict) -> list[dict]:
+    """The grid rows of cells ``(11|12, 7 clients, alpha 0.1, scenario)`` with retrain, Lethe and one draw,
+    each run answered instead of run (a draw runs as method retrain with an init-seed of its own): in
+    seed 11 the ``built`` model ('original' or 'retrain') of each row trained on as ``fits[method or
+    "draw"]`` says (``cost.built.<built>.fit``), in seed 12 none did."""
     plain = _fake_results(0.95, 0.0, 0.99, 0.0)
-    outcomes = {11: {"retrain": fitted(plain, 0.917, 0.995, 2), "lethe": fitted(plain, 0.917, 0.995, 2),
-                     "draw": fitted(plain, 0.90, 0.95, 3, within=False)},
-                12: {"retrain": plain, "lethe": plain, "draw": plain}}
+    outcomes = {11: {m: {**plain, "cost": {"built": {built: {"rounds": 60 + fit["rounds"], "fit": fit}}}}
+                     for m, fit in fits.items()}, 12: {m: plain for m in fits}}
 
-    def fake_run(config, clients):  # a draw runs as method retrain with an init-seed of its own
+    def fake_run(config, clients):
         served = outcomes[config["seed"]]["draw" if "init-seed" in config else config["method"]]
         folder = tmp_path / f"{config['seed']}-{config['method']}-{config.get('init-seed')}"
         folder.mkdir(exist_ok=True)
@@ -444,8 +438,21 @@ def test_grid_shows_where_the_retrain_oracle_trained_on_to_fit_and_counts_those_
         return str(folder)
 
     monkeypatch.setattr(grid, "run_inprocess", fake_run)
-    rows = [r for seed in (11, 12) for r in grid.run_cell(seed, 7, 0.1, "class", ["retrain", "lethe"], {},
+    return [r for seed in (11, 12) for r in grid.run_cell(seed, 7, 0.1, scenario, ["retrain", "lethe"], {},
                                                           retrain_draws=2)]
+
+
+def test_grid_shows_where_the_retrain_oracle_trained_on_to_fit_and_counts_those_oracles(tmp_path, monkeypatch):
+    """``cost.built.retrain.fit`` (``Experiment.fit_oracle``) shows on the retrain rows (a draw's too) as
+    the fit before and after and the rounds it took, never on a method's row; the totals count such
+    oracles and those still not within; saved rows judged again say the same."""
+    grid = _benchmark_module()
+
+    def fit(start, kept, rounds, within=True):
+        return {"original": 0.99, "start": start, "kept": kept, "kept_round": rounds, "rounds": rounds, "within": within}
+
+    rows = _served_cells(grid, tmp_path, monkeypatch, "class", "retrain", {
+        "retrain": fit(0.917, 0.995, 2), "lethe": fit(0.917, 0.995, 2), "draw": fit(0.90, 0.95, 3, within=False)})
     shown = {(r["seed"], r["method"]): r["oracle_fit"] for r in rows}
     assert shown == {(11, "retrain"): "0.917->0.995 (+2)", (11, "lethe"): "", (11, "retrain@init1011"):
                      "0.900->0.950 (+3), not within", (12, "retrain"): "", (12, "lethe"): "", (12, "retrain@init1012"): ""}
@@ -454,6 +461,29 @@ def test_grid_shows_where_the_retrain_oracle_trained_on_to_fit_and_counts_those_
     assert line in grid.totals(rows)
     grid.write_outputs(str(tmp_path / "grid"), rows)
     assert line in grid.totals(grid.rejudge([str(tmp_path / "grid.csv")], {}))
+
+
+def test_grid_shows_where_the_original_trained_on_to_settle_and_counts_those_cells(tmp_path, monkeypatch):
+    """``cost.built.original.fit`` (``Experiment.settle_original``) shows on every row of its cell as the
+    reference fit, the fits before and after and the rounds; the totals count the cells (a draw's own
+    original apart) and those still not within; saved rows judged again say the same."""
+    grid = _benchmark_module()
+
+    def fit(start, kept, rounds, within=True):
+        return {"reference_round": 50, "reference": 0.993, "start": start, "kept": kept, "rounds": rounds,
+                "lr": 0.025, "within": within}
+
+    rows = _served_cells(grid, tmp_path, monkeypatch, "sample", "original", {
+        "retrain": fit(0.963, 0.985, 6), "lethe": fit(0.963, 0.985, 6), "draw": fit(0.90, 0.95, 10, within=False)})
+    shown = {(r["seed"], r["method"]): r["original_fit"] for r in rows}
+    assert shown == {(11, "retrain"): "0.993: 0.963->0.985 (+6)", (11, "lethe"): "0.993: 0.963->0.985 (+6)",
+                     (11, "retrain@init1011"): "0.993: 0.900->0.950 (+10), not within", (12, "retrain"): "",
+                     (12, "lethe"): "", (12, "retrain@init1012"): ""}
+    line = "cells whose original trained on where its last rounds lost their fit: 1; still not within: 0"
+    assert line in grid.totals(rows)
+    grid.write_outputs(str(tmp_path / "grid"), rows)
+    assert line in grid.totals(grid.rejudge([str(tmp_path / "grid.csv")], {}))
+    assert not [x for x in grid.totals([{**r, "original_fit": ""} for r in rows]) if "lost their fit" in x]
 
 
 def test_grid_rejudge_gives_a_method_run_again_alone_its_cells_d_orig(tmp_path, monkeypatch):

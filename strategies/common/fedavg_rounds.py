@@ -103,6 +103,13 @@ def scheduled_lr(schedule: str, lr: float, rounds: int) -> Callable[[int], float
     raise ValueError(f"lr-schedule {schedule!r} is unknown: must be constant or cosine")
 
 
+def recorded_lr(rounds: dict[int, dict], default: float) -> Callable[[int], float]:
+    """``lr(t)``: the clients' lr in round ``t`` of an update history's ``rounds`` (``server_app.history``),
+    ``default`` (the run's ``lr``) where it holds none for that round: a method that replays pretraining's
+    rounds replays each at the lr it trained at."""
+    return lambda t: float(rounds.get(t, {}).get("lr", default))
+
+
 def with_untrained(aggregated: ArrayRecord, sent: ArrayRecord) -> ArrayRecord:
     """``aggregated`` completed with the tensors of ``sent`` that no client uploaded, in ``sent``'s
     order: a round that trains only part of the model (train scope ``base``: plug-ins frozen) gets
@@ -130,7 +137,7 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
                config: ConfigRecord, label: str, method: str,
                after_round: Callable[[int, ArrayRecord], None] | None = None,
                last_round_config: dict | None = None,
-               on_replies: Callable[[int, ArrayRecord, list[Message]], None] | None = None,
+               on_replies: Callable[[int, ArrayRecord, list[Message], float | None], None] | None = None,
                aggregate: Callable[[list[Message]], ArrayRecord] | None = None,
                first_round: int = 1, measure_received=None,
                round_lr: Callable[[int], float] | None = None,
@@ -143,9 +150,9 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
     Each aggregated model must be finite (:func:`require_finite`, ``method`` names the run's
     method in the error). ``after_round(r, arrays)`` runs after each round (used to measure
     forgetting per round); ``last_round_config`` adds keys to the last round's config only
-    (pretraining asks the clients to keep their last local model); ``on_replies(r, sent, replies)``
-    sees each round's global model and the client replies of the round's kept model (pretraining's
-    update history); ``aggregate(replies)``, when given, makes the round's model instead of FedAvg's
+    (pretraining asks the clients to keep their last local model); ``on_replies(r, sent, replies, lr)``
+    sees each round's global model, the client replies of the round's kept model and the lr they
+    trained at (pretraining's update history); ``aggregate(replies)``, when given, makes the round's model instead of FedAvg's
     own (a method that trains its own original, e.g. Exact-Fun's quantised FedAvg).
     ``measure_received``, when given, measures each round's model inside the next round
     (``attach(messages, arrays)`` adds to a round's messages, ``collect(replies)`` takes its share
@@ -212,7 +219,7 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
             if final:
                 break
         if on_replies is not None:
-            on_replies(server_round, arrays, replies)
+            on_replies(server_round, arrays, replies, float(sent_config["lr"]) if "lr" in sent_config else None)
         reported = _losses(replies)
         arrays = new_arrays
         if after_round is not None:

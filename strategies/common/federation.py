@@ -51,8 +51,8 @@ class PhaseCost:
     bytes_down: int = 0
     failures: list[dict] = field(default_factory=list)
     redone: list[dict] = field(default_factory=list)
-    #: where the retrain oracle trained on to fit its training data (``Experiment.fit_oracle``): the fits
-    #: and rounds; listed only where it did
+    #: where the model trained on to fit its training data (the retrain oracle: ``Experiment.fit_oracle``;
+    #: the original: ``Experiment.settle_original``): the fits and rounds; listed only where it did
     fit: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:

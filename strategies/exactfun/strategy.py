@@ -29,7 +29,7 @@ import time
 from flwr.app import ArrayRecord, ConfigRecord
 
 from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
-from strategies.common.fedavg_rounds import RoleFedAvg, run_rounds
+from strategies.common.fedavg_rounds import RoleFedAvg, recorded_lr, run_rounds
 from strategies.exactfun.maths import first_changed_round, quantised_mean, same_state
 from tasks.plugins import specs_to_json
 
@@ -81,11 +81,12 @@ class ExactFun(UnlearningMethod):
 
     def train_rounds(self, ctx: UnlearnContext, state: dict, first: int, last: int) -> dict:
         """Quantised FedAvg rounds ``first``..``last`` on the retained clients from ``state``, each with
-        pretraining's round number, seed and local settings (none when ``first > last``)."""
+        pretraining's round number, seed, local settings and lr (none when ``first > last``)."""
         cfg = ctx.cfg
         strategy = RoleFedAvg(ctx.fed, "retain", fraction_train=cfg["fraction-train"], seed=cfg["seed"])
         config = ConfigRecord({"epochs": cfg["local-epochs"], "lr": cfg["lr"], "plugins": specs_to_json([])})
         arrays = run_rounds(ctx.fed, strategy, ArrayRecord(state), rounds=max(0, last - first + 1), config=config,
                             label=f"{self.name} rounds {first}-{last}", method=self.name,
-                            aggregate=self.pretraining_aggregate(cfg), first_round=first)
+                            aggregate=self.pretraining_aggregate(cfg), first_round=first,
+                            round_lr=recorded_lr(ctx.update_history(self.name), cfg["lr"]))
         return arrays.to_torch_state_dict()

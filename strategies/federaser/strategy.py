@@ -24,7 +24,7 @@ import math
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
-from strategies.common.fedavg_rounds import require_finite
+from strategies.common.fedavg_rounds import recorded_lr, require_finite
 from strategies.federaser.maths import calibrate, mean_model
 
 
@@ -51,10 +51,10 @@ class FedEraser(UnlearningMethod):
             kept = remaining(t)
             return mean_model([rounds[t]["clients"][c] for c in kept], [rounds[t]["counts"][c] for c in kept])
 
-        new_global = old_mean(order[0])
+        new_global, lr_of = old_mean(order[0]), recorded_lr(rounds, cfg["lr"])  # each round at the lr it trained at
         cost = fed.cost(fed.phase)
         for t in order[1:]:
-            config = ConfigRecord({"epochs": epochs, "lr": cfg["lr"], "role": "retain", "server-round": t})
+            config = ConfigRecord({"epochs": epochs, "lr": lr_of(t), "role": "retain", "server-round": t})
             messages = [Message(RecordDict({"arrays": ArrayRecord(new_global), "config": config}),
                                 dst_node_id=node_of[c], message_type="train") for c in remaining(t)]
             replies = fed.exchange(messages, round_no=t)

@@ -449,7 +449,8 @@ def test_grid_shows_where_the_retrain_oracle_trained_on_to_fit_and_counts_those_
     grid = _benchmark_module()
 
     def fit(start, kept, rounds, within=True):
-        return {"original": 0.99, "start": start, "kept": kept, "kept_round": rounds, "rounds": rounds, "within": within}
+        return {"original": 0.99, "start": start, "kept": kept, "kept_round": rounds, "rounds": rounds,
+                "within": within}
 
     rows = _served_cells(grid, tmp_path, monkeypatch, "class", "retrain", {
         "retrain": fit(0.917, 0.995, 2), "lethe": fit(0.917, 0.995, 2), "draw": fit(0.90, 0.95, 3, within=False)})

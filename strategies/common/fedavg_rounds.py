@@ -152,8 +152,9 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
     forgetting per round); ``last_round_config`` adds keys to the last round's config only
     (pretraining asks the clients to keep their last local model); ``on_replies(r, sent, replies, lr)``
     sees each round's global model, the client replies of the round's kept model and the lr they
-    trained at (pretraining's update history); ``aggregate(replies)``, when given, makes the round's model instead of FedAvg's
-    own (a method that trains its own original, e.g. Exact-Fun's quantised FedAvg).
+    trained at (pretraining's update history); ``aggregate(replies)``, when given, makes the round's
+    model instead of FedAvg's own (a method that trains its own original, e.g. Exact-Fun's quantised
+    FedAvg).
     ``measure_received``, when given, measures each round's model inside the next round
     (``attach(messages, arrays)`` adds to a round's messages, ``collect(replies)`` takes its share
     of the replies and returns the training replies): continued training's KR curve without an

@@ -99,7 +99,7 @@ def bench_filter(presets: list[str], devices: list[str], epochs: int, seed: int)
 
     cfg = parse_config({})
     print(f"FedUP filter training: bottleneck {cfg['fedup-bottleneck']}, batch {cfg['fedup-batch-size']}, "
-          f"{cfg['fedup-optimizer']}, lr {cfg['fedup-lr']}, alpha {cfg['fedup-alpha']}; timed {epochs} epochs "
+          f"{cfg['fedup-optimizer']}, lr {cfg['fedup-lr'] or cfg['lr']}, alpha {cfg['fedup-alpha']}; timed {epochs} epochs "
           f"(extrapolated to fedup-epochs={cfg['fedup-epochs']}); torch threads {torch.get_num_threads()}")
     print(f"{'preset':20}{'device':8}{'M':>7}{'d':>5}{'s/epoch':>10}{'est. s':>9}{'loss':>9}{'acc':>7}")
     for preset in presets:
@@ -112,7 +112,7 @@ def bench_filter(presets: list[str], devices: list[str], epochs: int, seed: int)
             filt = FedUPFilter(head.in_features, cfg["fedup-bottleneck"], seed=seed).to(device)
             head_on = head.to(device)
             train = lambda e: train_filter(filt, head_on, centroids, targets, alpha=cfg["fedup-alpha"], epochs=e,
-                                           lr=cfg["fedup-lr"], batch_size=cfg["fedup-batch-size"],
+                                           lr=cfg["fedup-lr"] or cfg["lr"], batch_size=cfg["fedup-batch-size"],
                                            optimizer=cfg["fedup-optimizer"], seed=seed)
             train(1)  # warm-up (CUDA context, kernels, allocator)
             if device.type == "cuda":

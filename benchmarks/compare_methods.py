@@ -1,6 +1,14 @@
 """Compare methods side by side: the FedUP paper's Tables 3-4 and the Lethe paper's Tables III-V, rebuilt.
 
-One command runs a matrix of methods x scenarios x tasks x seeds and writes into one folder:
+One command runs a matrix of methods x scenarios x tasks x seeds and writes into one folder. A
+method runs its paper unless a recipe (the project's named, opt-in settings) is selected: a token
+``M@R`` in ``--methods`` runs method M with the run config ``recipe='R'`` and names it "M (R)", so
+one call puts a paper and a recipe side by side (``--methods retrain,lethe,lethe@lethe-robust``);
+``--run-config "recipe='R'"`` selects R for every plain token instead (then every plain token must
+be a method R is written for; ``M@paper`` keeps M's paper). A recipe that does not exist or is not
+written for its method stops the call before any run. Every table names each row's recipe (``paper`` where none was selected; read from the
+run's ``run.recipe``, absent in older results: ``paper``) and every plot legend names it after the
+method:
 
 - ``tables.md``: FedUP's Table 3 layout (R-A, F-A, MIA per scenario) and Table 4 layout
   (unlearning time and communication per scenario), then Lethe's Tables III-V layout (one table
@@ -22,14 +30,22 @@ processes side by side, one core each; the tables say how many jobs ran. All run
 (task, scenario, seed) starts from the same original model and is compared with the same retrain
 oracle. The client scenario uses ``poison='backdoor'`` unless ``--run-config`` says otherwise.
 
-Validity (``tasks.validity``): when a run's original or retrain model fails its checks, every
-metric of that run is printed as ``flagged``; when its unlearned model lost utility
-(``unlearned_utility``), its accuracy and KR entries are; when continued training diverged, CT-KR
-and RR read ``diverged@<round>``. A run that raises is listed as failed and the matrix goes on.
+Validity (``tasks.validity``) flags, never hides: when a run's original or retrain model fails its
+checks, every accuracy and KR entry of that run shows its number marked ``(flagged)``; when its
+unlearned model lost utility (``unlearned_utility``), its accuracy entries are; the seeds without a
+flag are averaged apart from the flagged ones (``0.912 (2/3); 0.410 (flagged, 1/3)``), and the
+reasons are listed at the end. A run whose method did not carry the request out
+(``method.carried_out`` false: it reports its own model) shows its numbers marked ``(not carried
+out)`` in the same way. When continued training diverged, CT-KR and RR read ``diverged@<round>``. A
+run that raises is listed as failed and the matrix goes on.
 
     python benchmarks/compare_methods.py --methods none,retrain,fedup,lethe,pga \\
         --scenarios client,class,sample --tasks digits-lenet5 --seeds 42 --clients 10 \\
         --run-config "continue-rounds=20" --out /tmp/compare
+
+    # Lethe's paper beside the lethe-robust recipe, with retrain as the reference
+    python benchmarks/compare_methods.py --methods retrain,lethe,lethe@lethe-robust \\
+        --scenarios client,class,sample --seeds 42,43,44 --out /tmp/lethe-recipe
 """
 
 from __future__ import annotations
@@ -51,13 +67,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from server_app.atomic import atomic_path, write_text  # noqa: E402
 from server_app.inprocess import parse_overrides, run_inprocess  # noqa: E402
+from server_app.report import carried_out, run_recipe  # noqa: E402
 from tasks.validity import ORIGINAL_CHECKS  # noqa: E402
 
 SCENARIO_NAMES = {"client": "Client", "class": "Class", "sample": "Sample"}
 ACCURACY_METRICS = ("retain_acc", "forget_acc", "mia", "test_acc")
-ROW_FIELDS = ("task", "scenario", "seed", "method", "status", "retain_acc", "forget_acc", "test_acc", "mia",
-              "target_rate", "ct_kr", "rr", "diverged_at_round", "seconds", "bytes", "rounds", "flags", "error",
-              "folder")
+PAPER = "paper"  # the recipe of a run that selected none
+ROW_FIELDS = ("task", "scenario", "seed", "method", "recipe", "status", "carried_out", "retain_acc", "forget_acc",
+              "test_acc", "mia", "target_rate", "ct_kr", "rr", "diverged_at_round", "seconds", "bytes", "rounds",
+              "flags", "error", "folder")
+# what building the original cost (the pretraining table): the same whatever the unlearning did
+PRETRAINING_METRICS = ("pretrain_seconds", "pretrain_bytes", "aux_seconds", "aux_storage_bytes", "history_bytes")
 
 
 @dataclass(frozen=True)
@@ -68,15 +88,80 @@ class Cell:
     scenario: str
     seed: int
     method: str
+    recipe: str = PAPER  # what the run is asked to run (``M@R``; else the shared run config's recipe)
+    pinned: bool = False  # the recipe was given with the method (``M@R``), not by the shared run config
 
 
-def plan(methods: list[str], scenarios: list[str], tasks: list[str], seeds: list[int]) -> tuple[list[Cell], list[str]]:
+def parse_methods(tokens: list[str], default: str = PAPER, flag: str = "--methods") -> list[tuple[str, str | None]]:
+    """``--methods`` tokens -> ``(method, recipe)``: ``"lethe"`` -> ``("lethe", None)`` (the shared run
+    config decides: the paper unless it selects a recipe), ``"lethe@lethe-robust"`` -> ``("lethe",
+    "lethe-robust")`` (that recipe, whatever the shared run config says; ``@paper``: the paper).
+    Two tokens that run the same method and recipe (``default``: the shared run config's, a plain
+    token's), a token with an empty method or recipe, or a recipe that does not exist or is written for
+    other methods (``recipes/<name>.toml``) are a one-line ``SystemExit`` before any run. Shared by
+    ``robustness_grid.py``."""
+    from strategies.registry import method_names
+    from tasks.recipes import RecipeError, load_recipe, recipe_names
+
+    parsed = []
+    for token in tokens:
+        method, sep, recipe = token.strip().partition("@")
+        if not method or (sep and not recipe) or "@" in recipe:
+            raise SystemExit(f"{flag}: {token!r} is not METHOD or METHOD@RECIPE")
+        parsed.append((method, recipe if sep else None))
+    unknown = list(dict.fromkeys(m for m, _ in parsed if m not in method_names()))
+    if unknown or not parsed:
+        raise SystemExit(f"{flag}: {', '.join(unknown) or 'nothing given'} is not allowed; "
+                         f"must be among {', '.join(method_names())}")
+    resolved = [(m, r or default) for m, r in parsed]
+    twice = sorted({method_label(m, r) for m, r in resolved if resolved.count((m, r)) > 1})
+    if twice:
+        raise SystemExit(f"{flag}: {', '.join(twice)} given more than once")
+    for method, recipe in dict.fromkeys(resolved):
+        if recipe == PAPER:
+            continue
+        if recipe not in recipe_names():
+            raise SystemExit(f"{flag}: {method_label(method, recipe)}: no recipe {recipe!r}; the recipes are "
+                             f"{', '.join(recipe_names()) or 'none'} (or {PAPER})")
+        try:
+            written_for = load_recipe(recipe).methods
+        except RecipeError as err:
+            raise SystemExit(f"{flag}: {method_label(method, recipe)}: {err}") from None
+        if method not in written_for:
+            raise SystemExit(f"{flag}: {method_label(method, recipe)}: recipe {recipe!r} is for "
+                             f"{', '.join(written_for)}, not {method} (give it with the method: "
+                             f"{written_for[0] if written_for else 'METHOD'}@{recipe})")
+    return parsed
+
+
+def with_recipe(config: dict, recipe: str | None) -> dict:
+    """``config`` (a run config) with a ``--methods`` token's recipe (:func:`parse_methods`) applied:
+    unchanged for a plain token (``None``), ``recipe='R'`` for ``M@R``, and without a ``recipe`` key
+    for ``M@paper``. Shared by ``robustness_grid.py``."""
+    if recipe is None:
+        return dict(config)
+    if recipe == PAPER:
+        return {k: v for k, v in config.items() if k != "recipe"}
+    return {**config, "recipe": recipe}
+
+
+def method_label(method: str, recipe: str) -> str:
+    """How plots and lines name a run: ``"lethe (paper)"``, ``"lethe (lethe-robust)"``."""
+    return f"{method} ({recipe})"
+
+
+def plan(methods: list[str], scenarios: list[str], tasks: list[str], seeds: list[int],
+         recipe: str = PAPER) -> tuple[list[Cell], list[str]]:
     """The runs to make and the combinations skipped (one line each: a method that does not support
-    a task kind or scenario). Unknown names are a one-line ``SystemExit`` before any run."""
+    a task kind or scenario). ``methods`` are ``--methods`` tokens (``M`` or ``M@R``,
+    :func:`parse_methods`); ``recipe`` is the shared run config's (a plain token's). Unknown names are
+    a one-line ``SystemExit`` before any run."""
     from strategies.registry import method_names, method_spec
     from tasks.registry import task_for, task_names
 
-    for flag, names, known in (("--methods", methods, method_names()), ("--tasks", tasks, task_names()),
+    variants = parse_methods(methods, recipe)
+    for flag, names, known in (("--methods", [m for m, _ in variants], method_names()),
+                               ("--tasks", tasks, task_names()),
                                ("--scenarios", scenarios, tuple(SCENARIO_NAMES))):
         unknown = [n for n in names if n not in known]
         if unknown or not names:
@@ -86,16 +171,17 @@ def plan(methods: list[str], scenarios: list[str], tasks: list[str], seeds: list
     for task_name in tasks:
         task = task_for(task_name)
         for scenario in scenarios:
-            for method in methods:
+            for method, pinned in variants:
                 spec = method_spec(method)
                 if task.kind not in spec.task_kinds:
                     reason = f"runs on {', '.join(spec.task_kinds)} tasks, not {task.kind}"
                 elif scenario not in spec.scenarios or scenario not in task.scenarios:
                     reason = f"does not support the {scenario} scenario"
                 else:
-                    cells += [Cell(task_name, scenario, seed, method) for seed in seeds]
+                    cells += [Cell(task_name, scenario, seed, method, pinned or recipe, pinned is not None)
+                              for seed in seeds]
                     continue
-                skipped.append(f"{method} on {task_name} / {scenario}: {reason}")
+                skipped.append(f"{method_label(method, pinned or recipe)} on {task_name} / {scenario}: {reason}")
     return cells, skipped
 
 
@@ -108,7 +194,8 @@ def summarise(cell: Cell, results: dict, folder: str) -> dict:
     """One row from a run's results.json."""
     unlearned, res, cost = results["models"]["unlearned"], results["resurfacing"], results["cost"]["unlearn"]
     failed = list(results.get("validity", {}).get("failed", []))
-    return {"task": cell.task, "scenario": cell.scenario, "seed": cell.seed, "method": cell.method, "status": "ok",
+    return {"task": cell.task, "scenario": cell.scenario, "seed": cell.seed, "method": cell.method,
+            "recipe": run_recipe(results["run"]), "status": "ok", "carried_out": carried_out(results),
             **{k: _num(unlearned.get(k)) for k in ACCURACY_METRICS + ("target_rate",)},
             "ct_kr": _num(res.get("ct_kr")), "rr": _num(res.get("rr")),
             "diverged_at_round": res.get("diverged_at_round"),
@@ -117,7 +204,6 @@ def summarise(cell: Cell, results: dict, folder: str) -> dict:
             "rounds": int(cost.get("rounds", 0)), "flags": failed,
             "reasons": list(results.get("validity", {}).get("reasons", [])), "error": "", "folder": folder,
             "own_original": results["run"].get("own_original"),
-            "exact_fallback": (results.get("method") or {}).get("exact_fallback", {}).get("classes"),
             **_pretraining(results)}
 
 
@@ -136,15 +222,20 @@ def _pretraining(results: dict) -> dict:
 
 def run_cell(cell: Cell, shared: dict, clients: int) -> dict:
     """Run one cell in process; a run that raises becomes a failed row with its one-line error."""
-    config = {**shared, "task": cell.task, "scenario": cell.scenario, "seed": cell.seed, "method": cell.method}
+    config = with_recipe({**shared, "task": cell.task, "scenario": cell.scenario, "seed": cell.seed,
+                          "method": cell.method}, cell.recipe if cell.pinned else None)
     try:
         folder = run_inprocess(config, clients)
         with open(os.path.join(folder, "results.json"), encoding="utf-8") as handle:
             return summarise(cell, json.load(handle), folder)
     except Exception as err:  # listed as failed; the rest of the matrix still completes
-        return {"task": cell.task, "scenario": cell.scenario, "seed": cell.seed, "method": cell.method,
-                "status": "failed", "error": " ".join(f"{type(err).__name__}: {err}".split())[:300],
-                "flags": [], "reasons": []}
+        return {**_failed(cell), "error": " ".join(f"{type(err).__name__}: {err}".split())[:300]}
+
+
+def _failed(cell: Cell) -> dict:
+    """A failed run's row, before its error: what was asked (its recipe as asked; no results tell)."""
+    return {"task": cell.task, "scenario": cell.scenario, "seed": cell.seed, "method": cell.method,
+            "recipe": cell.recipe, "status": "failed", "carried_out": None, "flags": [], "reasons": []}
 
 
 def quiet_logs() -> None:
@@ -196,9 +287,7 @@ def run_matrix(cells: list[Cell], shared: dict, clients: int, jobs: int, on_row)
                 if any(w.is_alive() for w in workers):
                     continue
                 for cell in sorted(pending, key=cells.index):  # a worker died: what it had left failed
-                    on_row(cell, {"task": cell.task, "scenario": cell.scenario, "seed": cell.seed,
-                                  "method": cell.method, "status": "failed", "flags": [], "reasons": [],
-                                  "error": "its worker process ended before running it"}, 0.0)
+                    on_row(cell, {**_failed(cell), "error": "its worker process ended before running it"}, 0.0)
                 return
             pending.discard(cell)
             on_row(cell, row, seconds)
@@ -209,46 +298,73 @@ def run_matrix(cells: list[Cell], shared: dict, clients: int, jobs: int, on_row)
                 worker.terminate()
 
 
-def blocked_metrics(row: dict) -> dict[str, str]:
-    """Metric -> what to print instead of its number, for a run whose validity checks failed."""
+def flagged_metrics(row: dict) -> set[str]:
+    """The metrics a run's failed validity checks flag: every accuracy and KR entry where its original
+    or retrain model failed (``ORIGINAL_CHECKS``), its accuracy entries where its unlearned model lost
+    utility. Their numbers are shown, marked; costs are what they cost and carry no mark."""
     flags = set(row.get("flags", []))
-    blocked = {}
+    flagged = set()
     if flags & set(ORIGINAL_CHECKS):
-        blocked.update({k: "flagged" for k in ACCURACY_METRICS + ("target_rate", "ct_kr", "rr")})
+        flagged.update(ACCURACY_METRICS + ("target_rate", "ct_kr", "rr"))
     if "unlearned_utility" in flags:
-        blocked.update({k: "flagged" for k in ACCURACY_METRICS + ("target_rate",)})
-    if row.get("diverged_at_round") is not None:
-        blocked.update({k: f"diverged@{row['diverged_at_round']}" for k in ("ct_kr", "rr")})
-    return blocked
+        flagged.update(ACCURACY_METRICS + ("target_rate",))
+    return flagged
+
+
+def marks(row: dict, metric: str) -> tuple[str, ...]:
+    """What a run's number for ``metric`` is shown with: ``flagged`` (:func:`flagged_metrics`), ``not
+    carried out`` (``method.carried_out`` false: the method reported its own model of a request it did
+    not carry out; every number of its unlearning, not what its original cost to pretrain)."""
+    return (("flagged",) if metric in flagged_metrics(row) else ()) + \
+        (("not carried out",) if row.get("carried_out") is False and metric not in PRETRAINING_METRICS else ())
+
+
+def _stats(values: list[float], digits: int) -> str:
+    text = f"{statistics.mean(values):.{digits}f}"
+    return text + (f" ± {statistics.stdev(values):.{digits}f}" if len(values) > 1 else "")
 
 
 def entry(rows: list[dict], metric: str, scale: float = 1.0, digits: int = 3) -> str:
-    """One table entry over the seeds of one (task, scenario, method): ``mean ± std`` of the usable
-    runs, ``(k/n)`` when only k of n seeds gave a number, else why none did."""
+    """One table entry over the seeds of one (task, scenario, method, recipe): ``mean ± std`` of the
+    runs whose number carries no mark, ``(k/n)`` when only k of n seeds gave one; then, beside it, the
+    runs with a mark (:func:`marks`) averaged apart and marked (``0.410 (flagged, 1/3)``), never
+    mixed into the unmarked mean; where no run gave a number, why none did."""
     if not rows:
         return "—"
-    values, blocked = [], []
+    groups: dict[tuple, list[float]] = {}
+    blocked = []
     for row in rows:
         if row["status"] != "ok":
             blocked.append("failed")
-        elif metric in blocked_metrics(row):
-            blocked.append(blocked_metrics(row)[metric])
+        elif metric in ("ct_kr", "rr") and row.get("diverged_at_round") is not None:
+            blocked.append(f"diverged@{row['diverged_at_round']}")
         elif row.get(metric) is None:
             blocked.append("—")
         else:
-            values.append(row[metric] * scale)
-    if not values:
+            groups.setdefault(marks(row, metric), []).append(row[metric] * scale)
+    if not groups:
         return blocked[0] if len(set(blocked)) == 1 else "/".join(sorted(set(blocked)))
-    text = f"{statistics.mean(values):.{digits}f}"
-    if len(values) > 1:
-        text += f" ± {statistics.stdev(values):.{digits}f}"
-    return text + (f" ({len(values)}/{len(rows)})" if len(values) < len(rows) else "")
+    parts = []
+    for mark in sorted(groups, key=len):  # the unmarked runs first
+        values = groups[mark]
+        notes = list(mark) + ([f"{len(values)}/{len(rows)}"] if len(values) < len(rows) else [])
+        parts.append(_stats(values, digits) + (f" ({', '.join(notes)})" if notes else ""))
+    return "; ".join(parts)
+
+
+def _recipe(row: dict) -> str:
+    return row.get("recipe") or PAPER  # rows written before the recipe column: the paper
+
+
+def _variant(row: dict) -> tuple[str, str]:
+    return row["method"], _recipe(row)
 
 
 def _group(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """Rows by (task, scenario, (method, recipe))."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["task"], row["scenario"], row["method"]), []).append(row)
+        groups.setdefault((row["task"], row["scenario"], _variant(row)), []).append(row)
     return groups
 
 
@@ -256,33 +372,40 @@ def _order(rows: list[dict], key: str) -> list[str]:
     return list(dict.fromkeys(row[key] for row in rows))
 
 
-def _label(rows: list[dict], method: str) -> str:
-    """The method's row name; ``*`` when it started from its own original, not the shared one."""
-    return method + (" *" if any(r["method"] == method and r.get("own_original") for r in rows) else "")
+def _variants(rows: list[dict]) -> list[tuple[str, str]]:
+    """The (method, recipe) pairs in the order they first appear."""
+    return list(dict.fromkeys(_variant(row) for row in rows))
+
+
+def _label(rows: list[dict], variant: tuple[str, str]) -> list[str]:
+    """A table row's first two cells, method and recipe; ``*`` after the method when it started from
+    its own original, not the shared one."""
+    own = any(_variant(r) == variant and r.get("own_original") for r in rows)
+    return [variant[0] + (" *" if own else ""), variant[1]]
 
 
 def fedup_tables(rows: list[dict]) -> str:
     """FedUP's Table 3 (R-A, F-A, MIA per scenario) and Table 4 (time, communication per scenario)."""
-    groups, scenarios, methods = _group(rows), _order(rows, "scenario"), _order(rows, "method")
+    groups, scenarios, variants = _group(rows), _order(rows, "scenario"), _variants(rows)
     parts = []
     for title, columns in (("Table 3 layout (FedUP): retain accuracy R-A, forget accuracy F-A, MIA",
                             (("R-A", "retain_acc", 1.0, 3), ("F-A", "forget_acc", 1.0, 3), ("MIA", "mia", 1.0, 3))),
                            ("Table 4 layout (FedUP): unlearning time and communication",
                             (("time (s)", "seconds", 1.0, 1), ("comm. (MB)", "bytes", 1e-6, 2)))):
         for task in _order(rows, "task"):
-            header = ["method"] + [f"{SCENARIO_NAMES[s]} {c[0]}" for s in scenarios for c in columns]
+            header = ["method", "recipe"] + [f"{SCENARIO_NAMES[s]} {c[0]}" for s in scenarios for c in columns]
             lines = [f"### {title} — {task}", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-            for method in methods:
-                cells = [entry(groups.get((task, s, method), []), m, scale, d)
+            for variant in variants:
+                cells = [entry(groups.get((task, s, variant), []), m, scale, d)
                          for s in scenarios for _, m, scale, d in columns]
-                lines.append("| " + " | ".join([_label(rows, method)] + cells) + " |")
+                lines.append("| " + " | ".join(_label(rows, variant) + cells) + " |")
             parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
 
 def lethe_tables(rows: list[dict]) -> str:
     """Lethe's Tables III-V: one table per scenario, MU, U-KR, CT-KR, RR (%), communication."""
-    groups, methods = _group(rows), _order(rows, "method")
+    groups, variants = _group(rows), _variants(rows)
     columns = (("MU", "test_acc", 1.0, 3), ("U-KR", "forget_acc", 1.0, 3), ("CT-KR", "ct_kr", 1.0, 3),
                ("RR (%)", "rr", 1.0, 1), ("comm. (MB)", "bytes", 1e-6, 2))
     parts = []
@@ -290,16 +413,22 @@ def lethe_tables(rows: list[dict]) -> str:
         if scenario not in _order(rows, "scenario"):
             continue
         for task in _order(rows, "task"):
-            header = ["method"] + [c[0] for c in columns]
+            header = ["method", "recipe"] + [c[0] for c in columns]
             lines = [f"### Table {number} layout (Lethe): {scenario} unlearning — {task}", "",
                      "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-            for method in methods:
-                group = groups.get((task, scenario, method), [])
+            for variant in variants:
+                group = groups.get((task, scenario, variant), [])
                 if group:
-                    lines.append("| " + " | ".join([_label(rows, method)] + [entry(group, m, s, d)
-                                                                             for _, m, s, d in columns]) + " |")
+                    lines.append("| " + " | ".join(_label(rows, variant) + [entry(group, m, s, d)
+                                                                            for _, m, s, d in columns]) + " |")
             parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def _short(method: str, recipe: str) -> str:
+    """A method in a list of methods (the pretraining table): ``"lethe"`` for the paper (its heading
+    says so), ``"lethe (lethe-robust)"`` under a recipe."""
+    return method if recipe == PAPER else method_label(method, recipe)
 
 
 def pretraining_table(rows: list[dict]) -> str:
@@ -314,19 +443,21 @@ def pretraining_table(rows: list[dict]) -> str:
     groups, parts = _group(rows), []
     for task in _order(rows, "task"):
         header = ["original", "scenario"] + [c[0] for c in columns]
-        lines = [f"### Pretraining: what each original cost — {task}", "",
+        lines = [f"### Pretraining: what each original cost — {task} (a method named without a recipe: its paper)",
+                 "",
                  "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
         for scenario in _order(rows, "scenario"):
-            shared = [m for m in _order(rows, "method") if groups.get((task, scenario, m))
-                      and not any(r.get("own_original") for r in groups[(task, scenario, m)])]
-            own = [m for m in _order(rows, "method") if groups.get((task, scenario, m))
-                   and any(r.get("own_original") for r in groups[(task, scenario, m)])]
-            plain = [m for m in shared if not any(r.get("history_bytes") for r in groups[(task, scenario, m)])]
-            history = [m for m in shared if m not in plain]
-            named = ([(f"shared ({', '.join(shared)})", plain[0])] if plain else []) + \
-                [(f"{m} (shared, with its history)", m) for m in history] + [(f"{m} *", m) for m in own]
-            for label, method in named:
-                group = groups[(task, scenario, method)]
+            shared = [v for v in _variants(rows) if groups.get((task, scenario, v))
+                      and not any(r.get("own_original") for r in groups[(task, scenario, v)])]
+            own = [v for v in _variants(rows) if groups.get((task, scenario, v))
+                   and any(r.get("own_original") for r in groups[(task, scenario, v)])]
+            plain = [v for v in shared if not any(r.get("history_bytes") for r in groups[(task, scenario, v)])]
+            history = [v for v in shared if v not in plain]
+            named = ([(f"shared ({', '.join(_short(*v) for v in shared)})", plain[0])] if plain else []) + \
+                [(f"{_short(*v)} (shared, with its history)", v) for v in history] + \
+                [(f"{_short(*v)} *", v) for v in own]
+            for label, variant in named:
+                group = groups[(task, scenario, variant)]
                 lines.append("| " + " | ".join([label, scenario] + [entry(group, m, sc, d) for _, m, sc, d in columns])
                              + " |")
         parts.append("\n".join(lines))
@@ -334,25 +465,26 @@ def pretraining_table(rows: list[dict]) -> str:
 
 
 def problems(rows: list[dict], skipped: list[str]) -> str:
-    """The failed runs, the flagged entries, the runs whose result is retrain's own model (Lethe's exact
-    fallback: their row reads as retrain's) and the skipped combinations, one line each."""
+    """The failed runs, the flagged ones, those whose method did not carry the request out and the
+    skipped combinations, one line each."""
     lines = []
     for row in rows:
-        where = f"{row['method']} on {row['task']} / {row['scenario']} / seed {row['seed']}"
+        where = f"{method_label(*_variant(row))} on {row['task']} / {row['scenario']} / seed {row['seed']}"
         if row["status"] != "ok":
             lines.append(f"- failed: {where}: {row['error']}")
         elif row.get("reasons"):
             lines.append(f"- flagged: {where}: {'; '.join(row['reasons'])}")
-        if row.get("exact_fallback"):
-            shares = ", ".join(f"{share:.2f} of class {c}" for c, share in row["exact_fallback"].items())
-            lines.append(f"- exact fallback: {where}: retrain's own model (the request removes {shares})")
+        if row.get("carried_out") is False:
+            lines.append(f"- not carried out: {where}: the method reported its own model of a request it did not "
+                         "carry out (its numbers are marked)")
     lines += [f"- skipped: {line}" for line in skipped]
     return "\n".join(lines) if lines else "none"
 
 
-def plot_curves(rows: list[dict], path: str) -> None:
-    """Lethe's Fig. 4: forget accuracy over continued rounds, one line per method, one panel per
-    task and scenario (mean over the seeds; a diverged curve ends where it diverged)."""
+def curves_figure(rows: list[dict]):
+    """Lethe's Fig. 4: forget accuracy over continued rounds, one line per method and recipe (the
+    legend names both, ``lethe (lethe-robust)``), one panel per task and scenario (mean over the seeds;
+    a diverged curve ends where it diverged)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -360,37 +492,58 @@ def plot_curves(rows: list[dict], path: str) -> None:
 
     groups = _group([r for r in rows if r["status"] == "ok"])
     panels = list(dict.fromkeys((t, s) for t, s, _ in groups))
-    colours = {m: plt.get_cmap("tab20")(i % 20) for i, m in enumerate(_order(rows, "method"))}  # one per method
+    colours = {v: plt.get_cmap("tab20")(i % 20) for i, v in enumerate(_variants(rows))}  # one per method and recipe
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)), 3.4), squeeze=False)
     for ax, (task, scenario) in zip(axes[0], panels):
-        for (t, s, method), group in groups.items():
+        for (t, s, variant), group in groups.items():
             if (t, s) != (task, scenario):
                 continue
             curves = [[r["kr_unlearned"]] + r["kr_curve"] for r in group if r.get("kr_unlearned") is not None]
             length = min((len(c) for c in curves), default=0)
             if length:
                 mean = [statistics.mean(c[i] for c in curves) for i in range(length)]
-                ax.plot(range(length), mean, marker=".", label=method, color=colours[method])
+                not_done = sum(1 for r in group if r.get("carried_out") is False)
+                note = "" if not not_done else \
+                    " — not carried out" + (f" {not_done}/{len(group)}" if not_done < len(group) else "")
+                ax.plot(range(length), mean, marker=".", label=method_label(*variant) + note,
+                        color=colours[variant])
         ax.set_title(f"{task} / {scenario}", fontsize=9)
         ax.set_xlabel("continued round (0 = after unlearning)")
         ax.set_ylabel("forget accuracy (KR)")
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
+    return fig
+
+
+def plot_curves(rows: list[dict], path: str) -> None:
+    """:func:`curves_figure` as a PNG at ``path``."""
+    from matplotlib import pyplot as plt
+
+    fig = curves_figure(rows)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
 
 
-def finished_rows(out: str, clients: int, overrides: str) -> dict[Cell, dict]:
-    """The successful rows of an earlier call into ``out`` made with the same clients and overrides."""
+def _key(task: str, scenario: str, seed: int, method: str, recipe: str) -> tuple:
+    return task, scenario, seed, method, recipe
+
+
+def finished_rows(out: str, clients: int, overrides: str) -> dict[tuple, dict]:
+    """The successful rows of an earlier call into ``out`` made with the same clients and overrides,
+    by (task, scenario, seed, method, recipe) (:func:`_key`)."""
     path = os.path.join(out, "runs.json")
     if not os.path.isfile(path):
         return {}
     with open(path, encoding="utf-8") as handle:
         rows = json.load(handle)
-    return {Cell(r["task"], r["scenario"], r["seed"], r["method"]): r for r in rows
+    return {_key(r["task"], r["scenario"], r["seed"], r["method"], _recipe(r)): r for r in rows
             if r["status"] == "ok" and r.get("clients") == clients and r.get("overrides") == overrides}
+
+
+def _cell_key(cell: Cell) -> tuple:
+    return _key(cell.task, cell.scenario, cell.seed, cell.method, cell.recipe)
 
 
 def write_rows(out: str, rows: list[dict]) -> None:
@@ -399,7 +552,8 @@ def write_rows(out: str, rows: list[dict]) -> None:
     writer = csv.DictWriter(buffer, fieldnames=ROW_FIELDS, extrasaction="ignore")
     writer.writeheader()
     for row in rows:
-        writer.writerow({**row, "flags": ";".join(row.get("flags", []))})
+        writer.writerow({**row, "recipe": _recipe(row), "flags": ";".join(row.get("flags", [])),
+                         "carried_out": {True: "true", False: "false"}.get(row.get("carried_out"), "")})
     write_text(os.path.join(out, "runs.csv"), buffer.getvalue())
 
 
@@ -408,15 +562,20 @@ def report(rows: list[dict], skipped: list[str], clients: int, overrides: str, j
         "# Method comparison",
         f"In-process runs (`server_app.inprocess`, clients sequential, no Ray; {jobs} job(s) side by side), "
         f"{clients} clients, shared overrides: `{overrides or 'none'}`. Entries are mean ± std over the seeds; "
-        "`(k/n)`: only k of n seeds gave a number; `*`: the method trains its own original model (its "
+        "`(k/n)`: only k of n seeds gave a number; `recipe`: the project's named settings the method ran "
+        "with (`paper`: none, the method's paper); `(flagged)`: a validity check failed (reasons below), "
+        "`(not carried out)`: the method did not carry the request out and reported its own model — "
+        "such runs are averaged apart, beside the others; `*`: the method trains its own original model (its "
         "`run.own_original` in results.json), not the shared one the other rows start from.",
         fedup_tables(rows), lethe_tables(rows), pretraining_table(rows),
-        "## Failed, flagged, exact fallbacks and skipped", problems(rows, skipped)]) + "\n"
+        "## Failed, flagged, not carried out and skipped", problems(rows, skipped)]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", default="none,retrain,fedup,lethe")
+    parser.add_argument("--methods", default="none,retrain,fedup,lethe",
+                        help="comma-separated METHOD or METHOD@RECIPE tokens: lethe@lethe-robust runs lethe with "
+                             "recipe='lethe-robust' beside a plain lethe (its paper)")
     parser.add_argument("--scenarios", default="client,class,sample")
     parser.add_argument("--tasks", default="digits-lenet5")
     parser.add_argument("--seeds", default="42")
@@ -437,25 +596,29 @@ def main(argv: list[str] | None = None) -> str:
         raise SystemExit(f"--clients: {args.clients} must be >= 2")
     if not 1 <= args.jobs <= (os.cpu_count() or 1):
         raise SystemExit(f"--jobs: {args.jobs} must be in 1..{os.cpu_count()} (this machine's cores)")
-    cells, skipped = plan(args.methods.split(","), args.scenarios.split(","), args.tasks.split(","), seeds)
+    overrides = parse_overrides(args.run_config)
+    cells, skipped = plan(args.methods.split(","), args.scenarios.split(","), args.tasks.split(","), seeds,
+                          recipe=str(overrides.get("recipe") or PAPER))
     os.makedirs(args.out, exist_ok=True)
     shared = {"cache-dir": os.path.join(args.out, "cache"), "outputs-dir": os.path.join(args.out, "runs"),
-              **parse_overrides(args.run_config)}
+              **overrides}
     quiet_logs()
     done = finished_rows(args.out, args.clients, args.run_config) if args.resume else {}
-    rows: dict[Cell, dict] = {cell: done[cell] for cell in cells if cell in done}
+    rows: dict[Cell, dict] = {cell: done[_cell_key(cell)] for cell in cells if _cell_key(cell) in done}
+    kept = len(rows)
     started = time.perf_counter()
 
     def on_row(cell: Cell, row: dict, seconds: float) -> None:
         rows[cell] = {**row, "clients": args.clients, "overrides": args.run_config}
         write_rows(args.out, [rows[c] for c in cells if c in rows])
-        elapsed, finished = time.perf_counter() - started, len(rows) - len(done)
+        elapsed, finished = time.perf_counter() - started, len(rows) - kept
         left = len(cells) - len(rows)
-        print(f"[{len(rows)}/{len(cells)}] {cell.method} on {cell.task} / {cell.scenario} / seed {cell.seed}: "
+        print(f"[{len(rows)}/{len(cells)}] {method_label(cell.method, cell.recipe)} on {cell.task} / "
+              f"{cell.scenario} / seed {cell.seed}: "
               f"{row['status']} in {seconds:.0f}s; elapsed {elapsed / 60:.1f} min, about "
               f"{elapsed / finished * left / 60:.1f} min left", flush=True)
 
-    run_matrix([c for c in cells if c not in done], shared, args.clients, args.jobs, on_row)
+    run_matrix([c for c in cells if c not in rows], shared, args.clients, args.jobs, on_row)
     rows = [rows[c] for c in cells]
     text = report(rows, skipped, args.clients, args.run_config, args.jobs)
     write_text(os.path.join(args.out, "tables.md"), text)

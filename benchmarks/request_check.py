@@ -9,10 +9,8 @@ scenario's original, which trains every client's data with its true labels (its 
 measured without ``forget-class``, the class scenario's own split). Per row: the request's
 original test accuracy and KR (``forget_acc``: the share of the forget set answered with the
 labels it was trained with), its target rate (backdoor requests), the clean original's test
-accuracy, how many extra plays of rounds whose model looked collapsed each took (``redone``,
-``clean_redone``: ``cost.pretrain.redone``, README Validity), and a verdict: ``destroyed`` (test
-accuracy below twice chance), ``below clean`` (more than ``--margin`` under the clean original),
-``not learned`` (KR under 0.5), else ``ok``.
+accuracy, and a verdict: ``destroyed`` (test accuracy below twice chance), ``below clean`` (more
+than ``--margin`` under the clean original), ``not learned`` (KR under 0.5), else ``ok``.
 
     python benchmarks/request_check.py --seeds 89,90 --shapes 10:0.5,7:0.1 --draws 2
 
@@ -35,13 +33,11 @@ from benchmarks.robustness_grid import draw_seed, parse_shapes  # noqa: E402
 from server_app.inprocess import parse_overrides  # noqa: E402
 from tasks.config import parse_config  # noqa: E402
 
-COLUMNS = ("seed", "clients", "alpha", "init_seed", "test_acc", "kr", "target_rate", "clean_test_acc", "redone",
-           "clean_redone", "verdict")
+COLUMNS = ("seed", "clients", "alpha", "init_seed", "test_acc", "kr", "target_rate", "clean_test_acc", "verdict")
 
 
-def original_metrics(run_config: dict, clients: int) -> tuple[dict, int]:
-    """The pooled metrics of ``run_config``'s original model (trained, or read from the cache) and how
-    many extra plays of rounds whose model looked collapsed it took."""
+def original_metrics(run_config: dict, clients: int) -> dict:
+    """The pooled metrics of ``run_config``'s original model (trained, or read from the cache)."""
     from server_app.evaluation import evaluate_models
     from server_app.experiment import Experiment
     from server_app.inprocess import InProcessGrid
@@ -53,8 +49,7 @@ def original_metrics(run_config: dict, clients: int) -> tuple[dict, int]:
     experiment = Experiment(fed, run_config)
     experiment.setup()
     original = experiment.cached_fedavg("original", "all", experiment.cfg["pretrain-rounds"])
-    redone = len(experiment.built_cost["original"].get("redone", []))
-    return evaluate_models(fed, experiment.cfg, {"original": original})["original"], redone
+    return evaluate_models(fed, experiment.cfg, {"original": original})["original"]
 
 
 def verdict(test: float, kr: float, clean: float, chance: float, margin: float) -> str:
@@ -68,14 +63,13 @@ def verdict(test: float, kr: float, clean: float, chance: float, margin: float) 
 def check(seed: int, clients: int, alpha: float, init_seed: int, request: dict, work: str, margin: float) -> dict:
     shared = {"seed": seed, "dirichlet-alpha": alpha, "cache-dir": os.path.join(work, "cache"),
               "outputs-dir": os.path.join(work, "out"), **({"init-seed": init_seed} if init_seed != seed else {})}
-    poisoned, redone = original_metrics({"scenario": "client", **request, **shared}, clients)
-    clean, clean_redone = original_metrics({**request, **shared, "scenario": "class"}, clients)
+    poisoned = original_metrics({"scenario": "client", **request, **shared}, clients)
+    clean = original_metrics({**request, **shared, "scenario": "class"}, clients)
     clean_test = clean["test_acc"]
     chance = 1.0 / parse_config({**request, **shared}).task.num_classes
     return {"seed": seed, "clients": clients, "alpha": alpha, "init_seed": init_seed,
             "test_acc": poisoned["test_acc"], "kr": poisoned["forget_acc"],
             "target_rate": poisoned.get("target_rate"), "clean_test_acc": clean_test,
-            "redone": redone, "clean_redone": clean_redone,
             "verdict": verdict(poisoned["test_acc"], poisoned["forget_acc"], clean_test, chance, margin)}
 
 

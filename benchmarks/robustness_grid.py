@@ -31,8 +31,7 @@ of the grid's original: a bar that retrain itself misses in a cell is met or mis
 draw, not by the method. A last line reads Lethe against the band the draws span (within the test
 tolerance of the grid's retrain or of any draw); it is a reading beside the bar, not the bar. Then,
 per federation shape and in the same cells, how often the draws meet a bar read on both sides beside
-how often the method does (Lethe's test bar, FedUP's class bar): on digits at 7 clients alpha 0.1 the
-draws of seeds 150-159 met Lethe's test bar exactly as often as Lethe (18 of 29).
+how often the method does (Lethe's test bar, FedUP's class bar).
 
 Beside every miss the ``context`` column states what the cell shows around it, as facts, not as a
 verdict (``miss_context``): where the cell's original itself lies outside the test tolerance, what
@@ -41,29 +40,26 @@ holds and the test accuracy on each of them beside retrain's (``held_test``) and
 (``outside_held``), or the KR figures; the totals count Lethe's test misses by these facts, and those with none
 of them.
 
-Where Lethe's exact fallback returned retrain's own model (``method.exact_fallback``), the ``exact``
-column names the classes the request removes most of and the bar says so; the totals count those
-cells apart and give Lethe's bars in the cells it rectified.
+What ran: ``--methods`` takes the tokens of ``compare_methods.py`` (one parser): ``M`` runs method M
+as the shared run config says (its paper unless ``--run-config`` selects a recipe), ``M@R`` runs M
+with ``recipe='R'``; ``--methods retrain,lethe,lethe@lethe-robust`` puts Lethe's paper and the
+lethe-robust recipe side by side in every cell. The ``recipe`` column names each row's (``paper``:
+none; read from ``run.recipe``, absent in older results and CSVs: ``paper``), every bar applies to
+every recipe of its method alike, and the totals are given per method and recipe (``Lethe (paper)``,
+``Lethe (lethe-robust)``). ``carried_out`` is ``NO`` where the method did not carry the request out
+(``method.carried_out`` false: it reported its own model), and the bar says so; it is judged as it
+is. A flagged row (its original invalid) is judged by no bar and counted in no total, but its
+figures are shown: in the table marked ``(flagged)``, in the CSV beside its ``validity`` flags.
 
-Where the retrain oracle trained on until it fitted its training data as the original does
-(``cost.built.retrain.fit``, setting ``retrain-fit-rounds``), the retrain rows' ``oracle_fit`` column
-gives its fit before and after and the rounds that took; the totals count those oracles.
-Where the original trained on because its last rounds lost the fit it had (``cost.built.original.fit``,
-setting ``original-settle-rounds``), every row's ``original_fit`` column gives the fits and rounds; the
-totals count those cells.
-
-The report seeds default to 285-289, the first seeds run after the current defaults were chosen
-(digits' one-epoch recipe and Lethe's retry on 172-179; Lethe's client-level forget stream of all the
-leaving client's data and its 30 extra restore rounds on 176-184; its fallback to the forget set where
-that stream leaves a request undone on 195; that stream's own retry at 4 nats on 195 and 205; its
-restore's fit bound on the client cells of 205-224 at 7 clients alpha 0.1; its exact fallback on
-225-255; the oracle trained on to fit on 225-264; the original trained on where its last rounds lost their fit on 266;
-docs/robustness.md lists every grid run and the seeds each choice saw). The Markdown table goes to
-stdout as cells finish; ``--out`` receives ``<out>.csv`` and ``<out>.json``, rewritten after every
-cell, so a partial run is usable.
+The report seeds default to 285-289: seeds no default was chosen on (tuning uses others). The Markdown table
+goes to stdout as cells finish; ``--out`` receives ``<out>.csv`` and ``<out>.json``, rewritten after
+every cell, so a partial run is usable.
 
     python benchmarks/robustness_grid.py --seeds 285,286,287,288,289 --shapes 10:0.5,7:0.1 \\
         --methods retrain,fedup,lethe --scenarios client,class,sample --retrain-draws 2 --out /tmp/grid
+
+    # Lethe's paper and the lethe-robust recipe, judged by the same bars in the same cells
+    python benchmarks/robustness_grid.py --methods retrain,lethe,lethe@lethe-robust --out /tmp/grid-recipe
 """
 
 from __future__ import annotations
@@ -83,9 +79,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one's
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare_methods.py beside it (its --methods parser)
 
 from server_app.atomic import write_text  # noqa: E402
+from compare_methods import PAPER, parse_methods, with_recipe  # noqa: E402
 from server_app.inprocess import parse_overrides, run_inprocess  # noqa: E402
+from server_app.report import carried_out, run_recipe  # noqa: E402
 from tasks.validity import ORIGINAL_CHECKS  # noqa: E402
 
 LETHE_TEST_TOL, LETHE_KR_TOL, LETHE_KR_SHARE = 0.03, 0.05, 0.8
@@ -95,9 +94,9 @@ DRAW = "retrain@init"  # method label prefix of a retrain draw from other initia
 # The grid's own run config, under --run-config: 60 local epochs of continued training at digits' one
 # epoch a round. --run-config adds to it key by key, so a probe that sets other keys keeps these.
 GRID_RUN_CONFIG = {"continue-rounds": 60}
-COLUMNS = ("seed", "clients", "alpha", "scenario", "method", "validity", "test_acc", "d_test", "d_orig", "orig_test",
-           "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse", "leaving_holds", "held_test",
-           "outside_held", "exact", "oracle_fit", "original_fit", "context", "error")
+COLUMNS = ("seed", "clients", "alpha", "scenario", "method", "recipe", "carried_out", "validity", "test_acc", "d_test",
+           "d_orig", "orig_test", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "bar", "holds", "no_worse",
+           "leaving_holds", "held_test", "outside_held", "context", "error")
 
 
 def parse_shapes(text: str) -> list[tuple[int, float]]:
@@ -185,39 +184,7 @@ def summarise(results: dict) -> dict:
             "forget_acc": _num(unlearned.get("forget_acc")), "retain_acc": _num(unlearned.get("retain_acc")),
             "ct_kr": _num(res.get("ct_kr")), "rr": _num(res.get("rr")), "diverged_at_round": res.get("diverged_at_round"),
             "kr_retrain": _num(res.get("kr_retrain")), "test_by_class": unlearned.get("test_acc_by_class"),
-            "exact": exact_classes(results), "oracle_fit": oracle_fit(results), "original_fit": original_fit(results)}
-
-
-def oracle_fit(results: dict) -> str:
-    """Where the run's retrain oracle trained on to fit its training data (``cost.built.retrain.fit``,
-    ``Experiment.fit_oracle``): its share of the retained training data predicted right before and
-    after, and the rounds that took, e.g. ``0.917->0.995 (+2)``, with ``, not within`` where it still
-    fitted less than the original; ``""`` elsewhere. ``run_cell`` shows it on the retrain rows only."""
-    fit = ((results.get("cost") or {}).get("built") or {}).get("retrain", {}).get("fit")
-    if not fit:
-        return ""
-    return f"{fit['start']:.3f}->{fit['kept']:.3f} (+{fit['kept_round']}){'' if fit['within'] else ', not within'}"
-
-
-def original_fit(results: dict) -> str:
-    """Where the run's original trained on because its last rounds lost the fit it had
-    (``cost.built.original.fit``, ``Experiment.settle_original``): its share of the retained training data
-    predicted right at its reference round, at its last scheduled round and after the rounds it trained
-    on, e.g. ``0.993: 0.963->0.985 (+6)``, with ``, not within`` where it stayed more than the tolerance
-    below; ``""`` elsewhere. A draw's row shows its own original's."""
-    fit = ((results.get("cost") or {}).get("built") or {}).get("original", {}).get("fit")
-    if not fit:
-        return ""
-    return (f"{fit['reference']:.3f}: {fit['start']:.3f}->{fit['kept']:.3f} (+{fit['rounds']})"
-            f"{'' if fit['within'] else ', not within'}")
-
-
-def exact_classes(results: dict) -> str:
-    """Where Lethe's exact fallback returned retrain's model (``method.exact_fallback``): the classes the
-    request removes most of, as ``class:share`` (``""`` elsewhere). Such a row is retrain's own model,
-    so its bar is met by construction; the totals count it apart from the rows Lethe rectified."""
-    fallback = (results.get("method") or {}).get("exact_fallback") or {}
-    return " ".join(f"{c}:{share:.2f}" for c, share in fallback.get("classes", {}).items())
+            "recipe": run_recipe(results.get("run") or {}), "carried_out": carried_out(results)}
 
 
 OWN_PREFIXES = ("draw:", "own:")  # a row's own original's failed checks (``run_cell`` says when)
@@ -253,8 +220,16 @@ def _side(mine: float | None, theirs: float | None, tol: float) -> str | None:
 def judge(method: str, scenario: str, row: dict, ref: dict | None) -> tuple[str, bool | None]:
     """``(bar, holds)`` of one method in one valid cell (``holds`` None: no bar, or not measurable).
 
-    Lethe's KR items are judged per cell here and counted against the 80 % share at the end; a
-    retrain draw is judged by Lethe's bars."""
+    ``method`` is the method alone: every recipe of a method is held to that method's bars. Lethe's
+    KR items are judged per cell here and counted against the 80 % share at the end; a retrain draw
+    is judged by Lethe's bars. A row whose method did not carry the request out (``carried_out``
+    False) is judged as it is, and its bar says so."""
+    bar, holds = _bar(method, scenario, row, ref)
+    return (bar + " (not carried out)" if row.get("carried_out") is False else bar), holds
+
+
+def _bar(method: str, scenario: str, row: dict, ref: dict | None) -> tuple[str, bool | None]:
+    """:func:`judge` before its not-carried-out note."""
     if ref is None or method == "retrain":
         return ("reference" if method == "retrain" else "no retrain reference"), None
     mine = {k: _num(row.get(k)) for k in ("test_acc", "u_kr", "ct_kr", "forget_acc", "retain_acc")}
@@ -275,9 +250,8 @@ def judge(method: str, scenario: str, row: dict, ref: dict | None) -> tuple[str,
     if method == "lethe" or method.startswith(DRAW):
         test = utility("test_acc", LETHE_TEST_TOL)
         row["kr_ok"] = near("u_kr", LETHE_KR_TOL) and near("ct_kr", LETHE_KR_TOL)
-        exact = " (exact fallback: retrain's model)" if row.get("exact") else ""
         return (f"test+-{LETHE_TEST_TOL}:{test if test == 'ok' else 'MISS ' + test} "
-                f"U/CT-KR+-{LETHE_KR_TOL}:{'ok' if row['kr_ok'] else 'miss'}{exact}"), test == "ok"
+                f"U/CT-KR+-{LETHE_KR_TOL}:{'ok' if row['kr_ok'] else 'miss'}"), test == "ok"
     if method == "fedup" and scenario == "class":
         forgets = mine["forget_acc"] is not None and mine["forget_acc"] <= FEDUP_FORGET_MAX
         retain = utility("retain_acc", FEDUP_RETAIN_TOL)
@@ -300,7 +274,10 @@ def _header() -> str:
 
 
 def _markdown(row: dict) -> str:
-    cells = [_fmt(row.get(c)) for c in COLUMNS]
+    """One table line; a flagged row's figures (kept as ``<column>_raw``, judged by no bar) are shown,
+    marked ``(flagged)``."""
+    cells = [f"{_fmt(row[c + '_raw'])} (flagged)" if row.get(c) is None and row.get(c + "_raw") not in (None, "")
+             else _fmt(row.get(c)) for c in COLUMNS]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -388,21 +365,26 @@ def _set_context(cell: list[dict]) -> None:
 
 def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list[str], shared: dict,
              retrain_draws: int = 1) -> list[dict]:
-    """Every method of one cell, then the retrain draws after the first (``retrain_draws``, when
-    retrain runs); rows carry the validity flags of the cell's shared original, and a row with an
+    """Every method of one cell (``methods``: ``--methods`` tokens, ``M`` or ``M@R``, parsed by
+    ``compare_methods.parse_methods``), then the retrain draws after the first (``retrain_draws``,
+    when retrain runs); a row's ``method`` is the method alone and its ``recipe`` what ran
+    (``run.recipe``; as asked where the run failed: the token's, else the shared run config's, else
+    ``paper``); rows carry the validity flags of the cell's shared original, and a row with an
     original of its own (a draw; a method such as FedAU that trains its own) also that original's
     failed checks as ``draw:<check>`` / ``own:<check>``, which flag that row alone."""
     base = {**shared, "seed": seed, "dirichlet-alpha": alpha, "scenario": scenario}
-    runs = [(method, {"method": method}) for method in methods]
+    default = str(shared.get("recipe") or PAPER)
+    runs = [(method, recipe, {"method": method}) for method, recipe in parse_methods(methods, default)]
     if "retrain" in methods:
-        runs += [(f"{DRAW}{draw_seed(seed, d)}", {"method": "retrain", "init-seed": draw_seed(seed, d)})
+        runs += [(f"{DRAW}{draw_seed(seed, d)}", None, {"method": "retrain", "init-seed": draw_seed(seed, d)})
                  for d in range(1, retrain_draws)]
     rows, validity, own_validity, ref = [], None, None, None
-    for method, overrides in runs:
-        row = {"seed": seed, "clients": clients, "alpha": alpha, "scenario": scenario, "method": method}
+    for method, recipe, overrides in runs:
+        row = {"seed": seed, "clients": clients, "alpha": alpha, "scenario": scenario, "method": method,
+               "recipe": recipe or default}
         started = time.perf_counter()
         try:
-            folder = run_inprocess({**base, **overrides}, clients)
+            folder = run_inprocess(with_recipe({**base, **overrides}, recipe), clients)
             with open(os.path.join(folder, "results.json"), encoding="utf-8") as handle:
                 results = json.load(handle)
             row.update(summarise(results), folder=folder)
@@ -412,10 +394,8 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
             else:  # ... unless no row starts from it
                 own_validity = own_validity or results.get("validity")
             row["validity_failed"] = results.get("validity", {}).get("failed", [])
-            if method == "retrain":
+            if method == "retrain" and ref is None:  # the first retrain (``retrain`` runs first: the plain token)
                 ref = row
-            if method != "retrain" and not method.startswith(DRAW):
-                row["oracle_fit"] = ""
         except Exception as err:  # a failing run is reported in one line and the grid goes on
             row["error"] = " ".join(f"{type(err).__name__}: {err}".split())[:300]
         row["seconds"] = round(time.perf_counter() - started, 1)
@@ -444,9 +424,7 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
             row["bar"], row["holds"] = "error", False
         elif not valid or _own_flagged(flags):
             row["bar"], row["holds"] = "flagged (original invalid)", None
-            for key in ("test_acc", "orig_test", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "held_test",
-                        "outside_held"):
-                row[f"{key}_raw"], row[key] = row.get(key), None
+            _set_aside(row)
         else:
             row["bar"], row["holds"] = judge(row["method"], scenario, row, ref)
         _set_d_test(row, ref)
@@ -454,63 +432,83 @@ def run_cell(seed: int, clients: int, alpha: float, scenario: str, methods: list
     return rows
 
 
+# a flagged row's figures: no bar reads them (kept as ``<key>_raw``); the table and the CSV show them
+# beside the row's flags (``_markdown``, ``write_outputs``)
+SET_ASIDE = ("test_acc", "orig_test", "u_kr", "ct_kr", "rr", "forget_acc", "retain_acc", "held_test", "outside_held")
+
+
+def _set_aside(row: dict) -> None:
+    for key in SET_ASIDE:
+        row[f"{key}_raw"], row[key] = row.get(key), None
+
+
 def _count_no_worse(rows: list[dict]) -> int:
     return sum(1 for r in rows if r.get("no_worse") is True)
 
 
+def _recipe(row: dict) -> str:
+    return row.get("recipe") or PAPER  # rows written before the recipe column: the paper
+
+
+def _variants(rows: list[dict], method: str, name: str) -> list[tuple[str, str]]:
+    """``(recipe, display name)`` of every recipe ``method`` ran with in ``rows``, in order of
+    appearance: ``("paper", "Lethe (paper)")``, ``("lethe-robust", "Lethe (lethe-robust)")``."""
+    recipes = dict.fromkeys(_recipe(r) for r in rows if r["method"] == method)
+    return [(recipe, f"{name} ({recipe})") for recipe in recipes]
+
+
+def _not_carried_out_line(judged: list[dict], name: str) -> list[str]:
+    """Where a method did not carry the request out (``carried_out`` False) in some of its valid cells."""
+    count = sum(1 for r in judged if r.get("carried_out") is False)
+    return [f"{name} did not carry the request out in {count}/{len(judged)} valid cells (each judged as it "
+            "is, its own model)"] if count else []
+
+
 def totals(rows: list[dict]) -> list[str]:
-    """One line per bar: how many valid cells meet it."""
+    """One line per bar and per method and recipe (each recipe of a method held to that method's
+    bars): how many valid cells meet it."""
     lines = []
-    lethe = [r for r in rows if r["method"] == "lethe" and r.get("cell_valid") and "error" not in r]
-    if lethe:
+    for recipe, name in _variants(rows, "lethe", "Lethe"):
+        lethe = [r for r in rows if r["method"] == "lethe" and _recipe(r) == recipe and r.get("cell_valid")
+                 and "error" not in r]
+        if not lethe:
+            continue
         test_ok = sum(1 for r in lethe if r["holds"])
         kr_ok = sum(1 for r in lethe if r.get("kr_ok"))
-        lines.append(f"Lethe test_acc within {LETHE_TEST_TOL} of retrain: {test_ok}/{len(lethe)} valid cells "
+        lines.append(f"{name} test_acc within {LETHE_TEST_TOL} of retrain: {test_ok}/{len(lethe)} valid cells "
                      f"({'holds' if test_ok == len(lethe) else 'MISSED'}, bar: every cell); "
                      f"not more than {LETHE_TEST_TOL} below it: {_count_no_worse(lethe)}/{len(lethe)}")
-        exact = [r for r in lethe if r.get("exact")]
-        if exact:
-            rectified = [r for r in lethe if not r.get("exact")]
-            lines.append(f"of them by Lethe's exact fallback (retrain's own model): {len(exact)}; in the "
-                         f"{len(rectified)} cells Lethe rectified, the test bar holds in "
-                         f"{sum(1 for r in rectified if r['holds'])}, U-KR and CT-KR in "
-                         f"{sum(1 for r in rectified if r.get('kr_ok'))}")
         far = [r.get("d_orig") is not None and abs(r["d_orig"]) > LETHE_TEST_TOL for r in lethe]
         missed = [not r["holds"] for r in lethe]
         lines.append(f"valid cells whose original is itself more than {LETHE_TEST_TOL} from retrain's test accuracy: "
-                     f"{sum(far)}/{len(lethe)}; Lethe's test misses there: {sum(f and m for f, m in zip(far, missed))}, "
+                     f"{sum(far)}/{len(lethe)}; test misses of {name} there: "
+                     f"{sum(f and m for f, m in zip(far, missed))}, "
                      f"elsewhere: {sum(m and not f for f, m in zip(far, missed))}")
-        lines += _miss_facts_line(lethe)
-        lines.append(f"Lethe U-KR and CT-KR within {LETHE_KR_TOL} of retrain: {kr_ok}/{len(lethe)} valid cells "
+        lines += _miss_facts_line(lethe, name)
+        lines.append(f"{name} U-KR and CT-KR within {LETHE_KR_TOL} of retrain: {kr_ok}/{len(lethe)} valid cells "
                      f"({'holds' if kr_ok >= LETHE_KR_SHARE * len(lethe) else 'MISSED'}, bar: "
                      f">= {LETHE_KR_SHARE:.0%})")
-    fedup = [r for r in rows if r["method"] == "fedup" and r["scenario"] == "class" and r.get("cell_valid")
-             and "error" not in r]
-    if fedup:
+        lines += _not_carried_out_line(lethe, name)
+    for recipe, name in _variants(rows, "fedup", "FedUP"):
+        fedup = [r for r in rows if r["method"] == "fedup" and _recipe(r) == recipe and r["scenario"] == "class"
+                 and r.get("cell_valid") and "error" not in r]
+        if not fedup:
+            continue
         ok = sum(1 for r in fedup if r["holds"])
-        lines.append(f"FedUP class forget <= {FEDUP_FORGET_MAX}, retain within {FEDUP_RETAIN_TOL}: {ok}/{len(fedup)} "
+        lines.append(f"{name} class forget <= {FEDUP_FORGET_MAX}, retain within {FEDUP_RETAIN_TOL}: {ok}/{len(fedup)} "
                      f"valid cells ({'holds' if ok == len(fedup) else 'MISSED'}, bar: every cell); "
                      f"retain not more than {FEDUP_RETAIN_TOL} below: {_count_no_worse(fedup)}/{len(fedup)}")
+        lines += _not_carried_out_line(fedup, name)
     lines += _draw_totals(rows)
-    oracles = [r for r in rows if (r["method"] == "retrain" or r["method"].startswith(DRAW)) and "error" not in r]
-    fitted = [r for r in oracles if r.get("oracle_fit")]
-    if fitted:  # listed where one did, so a grid in which none did reads as before
-        lines.append(f"retrain oracles (draws included) trained on to fit their training data as the original: "
-                     f"{len(fitted)}/{len(oracles)}; still not within: "
-                     f"{sum(1 for r in fitted if 'not within' in r['oracle_fit'])}")
-    settled = {_cell(r): r["original_fit"] for r in rows if r.get("original_fit") and not r["method"].startswith(DRAW)}
-    if settled:  # listed where one did, so a grid in which none did reads as before
-        lines.append(f"cells whose original trained on where its last rounds lost their fit: {len(settled)}; "
-                     f"still not within: {sum(1 for fit in settled.values() if 'not within' in fit)}")
     errors = [r for r in rows if "error" in r]
     flagged = {_cell(r) for r in rows if not r.get("cell_valid")}
     lines.append(f"runs that failed: {len(errors)}; cells flagged (original invalid): {len(flagged)}")
     return lines
 
 
-def _miss_facts_line(lethe: list[dict]) -> list[str]:
-    """Lethe's test misses on each side, and how many of them show each fact of ``miss_context``
-    (one miss can show several) or none."""
+def _miss_facts_line(lethe: list[dict], name: str) -> list[str]:
+    """The test misses of one Lethe recipe (``name``) on each side, and how many of them show each fact
+    of ``miss_context`` (one miss can show several) or none."""
     parts = []
     for side in ("above", "below"):
         misses = [r for r in lethe if f"MISS {side}" in r.get("bar", "")]
@@ -518,7 +516,7 @@ def _miss_facts_line(lethe: list[dict]) -> list[str]:
             counts = [f"{text}: {sum(1 for r in misses if kind in r['miss_kinds'])}" for kind, text in MISS_FACTS]
             none = sum(1 for r in misses if not r["miss_kinds"])
             parts.append(f"{len(misses)} {side} ({', '.join(counts)}; none of these: {none})")
-    return [f"Lethe's test misses: {'; '.join(parts)}"] if parts else []
+    return [f"test misses of {name}: {'; '.join(parts)}"] if parts else []
 
 
 def _cell(row: dict) -> tuple:
@@ -532,7 +530,10 @@ def _draw_totals(rows: list[dict]) -> list[str]:
     draws = [r for r in rows if r["method"].startswith(DRAW) and r.get("holds") is not None]
     if not draws:
         return []
-    refs = {_cell(r): r for r in rows if r["method"] == "retrain"}
+    refs: dict[tuple, dict] = {}
+    for r in rows:
+        if r["method"] == "retrain":
+            refs.setdefault(_cell(r), r)  # the cell's first retrain, as ``run_cell`` judged against
 
     def within(r: dict, key: str, tol: float) -> bool:
         mine, theirs = _num(r.get(key)), _num(refs.get(_cell(r), {}).get(key))
@@ -551,13 +552,14 @@ def _draw_totals(rows: list[dict]) -> list[str]:
     for r in [*refs.values(), *draws]:
         if _num(r.get("test_acc")) is not None:
             band.setdefault(_cell(r), []).append(r["test_acc"])
-    lethe = [r for r in rows if r["method"] == "lethe" and r.get("holds") is not None
-             and len(band.get(_cell(r), [])) > 1 and _num(r.get("test_acc")) is not None]
-    if lethe:
-        inside = sum(1 for r in lethe
-                     if min(band[_cell(r)]) - LETHE_TEST_TOL <= r["test_acc"] <= max(band[_cell(r)]) + LETHE_TEST_TOL)
-        lines.append(f"Lethe test_acc within {LETHE_TEST_TOL} of the grid's retrain or of a retrain draw: "
-                     f"{inside}/{len(lethe)} valid cells with a draw")
+    for recipe, name in _variants(rows, "lethe", "Lethe"):
+        lethe = [r for r in rows if r["method"] == "lethe" and _recipe(r) == recipe and r.get("holds") is not None
+                 and len(band.get(_cell(r), [])) > 1 and _num(r.get("test_acc")) is not None]
+        if lethe:
+            inside = sum(1 for r in lethe if min(band[_cell(r)]) - LETHE_TEST_TOL <= r["test_acc"]
+                         <= max(band[_cell(r)]) + LETHE_TEST_TOL)
+            lines.append(f"{name} test_acc within {LETHE_TEST_TOL} of the grid's retrain or of a retrain draw: "
+                         f"{inside}/{len(lethe)} valid cells with a draw")
     return lines + _shape_parity_lines(rows, draws, refs)
 
 
@@ -569,10 +571,13 @@ def _shape_parity_lines(rows: list[dict], draws: list[dict], refs: dict[tuple, d
     lines, judged = [], {_cell(r) for r in draws}
     for shape in sorted({(r["clients"], r["alpha"]) for r in draws}, key=lambda s: (-float(s[1]), s[0])):
         parts = []
-        for method, name, scenarios, bar in (("lethe", "Lethe", None, f"Lethe's test within {LETHE_TEST_TOL}"),
-                                             ("fedup", "FedUP", {"class"}, "FedUP's class bar")):
-            mine = {_cell(r): r for r in rows if r["method"] == method and r.get("holds") is not None
-                    and _cell(r) in judged and (r["clients"], r["alpha"]) == shape
+        for method, recipe, name, scenarios, bar in (
+                *[("lethe", recipe, name, None, f"Lethe's test within {LETHE_TEST_TOL}")
+                  for recipe, name in _variants(rows, "lethe", "Lethe")],
+                *[("fedup", recipe, name, {"class"}, "FedUP's class bar")
+                  for recipe, name in _variants(rows, "fedup", "FedUP")]):
+            mine = {_cell(r): r for r in rows if r["method"] == method and _recipe(r) == recipe
+                    and r.get("holds") is not None and _cell(r) in judged and (r["clients"], r["alpha"]) == shape
                     and (scenarios is None or r["scenario"] in scenarios)}
             theirs = [r for r in draws if _cell(r) in mine]
             if mine and theirs:
@@ -605,7 +610,8 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
     """The rows of saved grid CSVs (``--out``), judged again by this file's bars; nothing is run.
 
     A cell is valid when its rows carry none of ``ORIGINAL_CHECKS`` (as ``run_cell`` wrote them). A
-    later file's row replaces an earlier one's of the same cell and method (a cell run again).
+    later file's row replaces an earlier one's of the same cell, method and recipe (a cell run again;
+    a CSV from before the ``recipe`` column: ``paper``).
     ``overrides`` are the grid's ``--run-config`` (the rows do not keep it; ``leaving_holds`` needs
     the task). ``d_test`` and ``d_orig`` are taken again against the cell's retrain row, so a method
     run again without retrain (``--methods lethe``, no ``d_orig`` of its own) gets them back from
@@ -614,7 +620,9 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
     for path in paths:
         with open(path, newline="", encoding="utf-8") as handle:
             for row in csv.DictReader(handle):
-                latest[tuple(row[k] for k in ("seed", "clients", "alpha", "scenario", "method"))] = row
+                row["recipe"] = _recipe(row)
+                row["carried_out"] = {"yes": True, "NO": False}.get(row.get("carried_out") or "")
+                latest[tuple(row[k] for k in ("seed", "clients", "alpha", "scenario", "method", "recipe"))] = row
     rows = list(latest.values())
     cells: dict[tuple, list[dict]] = {}
     for row in rows:
@@ -625,6 +633,8 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
         flags = set(filter(None, row["validity"].split(";")))
         row["cell_valid"] = row["validity"] != "unknown" and not flags & set(ORIGINAL_CHECKS)
         row["own_flagged"] = _own_flagged(flags)
+        if "error" not in row and (not row["cell_valid"] or row["own_flagged"]):
+            _set_aside(row)  # as ``run_cell`` did: no bar, no reference and no d_test reads them
         cells.setdefault(_cell(row), []).append(row)
     for (seed, clients, alpha, scenario), cell in cells.items():
         ref = next((r for r in cell if r["method"] == "retrain" and "error" not in r), None)
@@ -645,35 +655,38 @@ def rejudge(paths: list[str], overrides: dict) -> list[dict]:
 
 
 def write_outputs(out: str, rows: list[dict]) -> None:
-    """``<out>.json`` (every row, all fields) and ``<out>.csv`` (the table's columns), atomically."""
+    """``<out>.json`` (every row, all fields) and ``<out>.csv`` (the table's columns), atomically; a
+    flagged row's figures, set aside from the bars, are written beside its ``validity`` flags."""
     write_text(out + ".json", json.dumps(rows, indent=1, default=str))
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS + ("seconds", "folder"), extrasaction="ignore")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: _fmt(row.get(k)) if k in ("holds", "no_worse") else row.get(k) for k in writer.fieldnames})
+        shown = {k: row[f"{k}_raw"] if row.get(k) is None and row.get(f"{k}_raw") is not None else row.get(k)
+                 for k in writer.fieldnames}
+        writer.writerow({k: _fmt(v) if k in ("holds", "no_worse", "carried_out") else v for k, v in shown.items()})
     write_text(out + ".csv", buffer.getvalue())
 
 
 def grid_run_config(text: str) -> dict:
-    """The grid's run config: :data:`GRID_RUN_CONFIG` with ``--run-config``'s keys (``text``) over it.
-    Before 2026-12-06 a given ``--run-config`` replaced ``continue-rounds=60`` instead, and Lethe-alone
-    probes that set other keys continued for the task preset's 30 rounds (docs/lethe-log.md, "Continued
-    rounds in the Lethe-alone runs")."""
+    """The grid's run config: :data:`GRID_RUN_CONFIG` with ``--run-config``'s keys (``text``) over it."""
     return {**GRID_RUN_CONFIG, **parse_overrides(text)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="285,286,287,288,289",
-                        help="report seeds (the first run after the current defaults were chosen)")
+                        help="report seeds (no default was chosen on them)")
     parser.add_argument("--shapes", default="10:0.5,7:0.1", help="CLIENTS:ALPHA pairs")
-    parser.add_argument("--methods", default="retrain,fedup,lethe")
+    parser.add_argument("--methods", default="retrain,fedup,lethe",
+                        help="comma-separated METHOD or METHOD@RECIPE tokens (as compare_methods.py): "
+                             "lethe@lethe-robust runs lethe with recipe='lethe-robust' beside a plain lethe "
+                             "(its paper)")
     parser.add_argument("--scenarios", default="client,class,sample")
     parser.add_argument("--run-config", default="",
                         help="shared overrides, as for flwr run --run-config, on top of the grid's continue-rounds=60 "
                              "(60 local epochs of continued training at digits' one epoch a round), which they "
-                             "replace key by key; the recipe before it: presets=false continue-rounds=20")
+                             "replace key by key")
     parser.add_argument("--out", default="", help="prefix of the CSV/JSON files (default: <work>/grid)")
     parser.add_argument("--work", default="", help="folder for cache and run outputs (default: a new temp folder)")
     parser.add_argument("--retrain-draws", type=int, default=1,
@@ -695,6 +708,7 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     shapes = parse_shapes(args.shapes)
     methods, scenarios = args.methods.split(","), args.scenarios.split(",")
+    parse_methods(methods, str(grid_run_config(args.run_config).get("recipe") or PAPER))  # a bad token: before any run
     if "retrain" in methods:  # the reference runs first in every cell
         methods = ["retrain"] + [m for m in methods if m != "retrain"]
     work = args.work or tempfile.mkdtemp(prefix="grid-")

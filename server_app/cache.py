@@ -4,9 +4,7 @@ The key is a hash of everything that determines the model: the data's identity (
 the arrays or records actually read, so other files under the same ``data-dir`` never reuse a model),
 the federation (every client's id and data counts from the hello round), the partition settings,
 the request, every training setting and the rounds. So every method in a comparison starts from the
-very same original model, and RR always uses the same retrain reference. A retrain oracle that trains
-on until it fits its training data as the original does (``Experiment.fit_oracle``) also has that
-setting and the original's id in its key. Only a model built while
+very same original model, and RR always uses the same retrain reference. Only a model built while
 no client failed is stored (a degraded one is the caller's to report, never reused).
 
 Each entry is two files written atomically under a lock: ``<kind>-<digest>.pt`` (weights) and a
@@ -32,11 +30,10 @@ from tasks.config import Config
 
 log = logging.getLogger("fedunlearn")
 
-CACHE_VERSION = 7  # 2: data fingerprint and federation in the key; 3: the backdoor client's clean copies;
-# 4: the backdoor client's forget set leaves out its samples of the target class; 5: a round whose
-# model collapsed is played again (``run_rounds``), so a collapsed model cached before is not reused;
-# 6: so is a last round in which a client's loss rose by more than ln C (a blown-up local run);
-# 7: and the round before the last (``CHANCE_ROUNDS``)
+CACHE_VERSION = 8  # 2: data fingerprint and federation in the key; 3: the backdoor client's clean copies;
+# 4: the backdoor client's forget set leaves out its samples of the target class; 8: the original and
+# the retrain oracle are plain FedAvg (every round played once, no rounds added), so a model cached by
+# an earlier version is not reused
 TRAINING_KEYS = ("task", "seed", "dirichlet-alpha", "test-fraction", "local-epochs", "batch-size", "lr",
                  "momentum", "max-grad-norm", "fraction-train")
 REQUEST_KEYS = {

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import os
 import time
 from typing import Any
@@ -22,24 +21,14 @@ from server_app.evaluation import ReceivedModelMeasure, evaluate_models
 from server_app.report import append_csv, package_versions, plot_kr_curve, run_folder, write_results
 from strategies.common.base import ModelState, UnlearnContext
 from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds, scheduled_lr
-from strategies.common.federation import Federation, PhaseCost
-from strategies.common.fit import fit_share, retained_counts
+from strategies.common.federation import Federation
 from strategies.registry import method_for, method_spec, pretraining_keeps
 from tasks.config import Config, ConfigError, inapplicable_settings, parse_config
 from tasks.diagnostics import forgetting_dispersion, pca_scatter_png, resurfacing_summary, rollback_tendency
 from tasks.plugins import specs_to_json
-from tasks.validity import constant_output, validity
+from tasks.validity import validity
 
 log = logging.getLogger("fedunlearn")
-
-#: how far below the original's share of the retained training data predicted right the retrain oracle's
-#: may stay (:meth:`Experiment.fit_oracle`)
-ORACLE_FIT_TOLERANCE = 0.01
-#: how far the original's share of the retained training data predicted right may end below that of its own
-#: model :data:`SETTLE_LOOKBACK` of its rounds earlier (:meth:`Experiment.settle_original`)
-SETTLE_TOLERANCE = 0.01
-#: the share of the original's rounds between the model its last one is compared with and the last one
-SETTLE_LOOKBACK = 1 / 6
 
 
 class Experiment:
@@ -52,7 +41,6 @@ class Experiment:
         self.method = method_for(self.cfg["method"])
         self.started = time.perf_counter()
         self._retrain: ModelState | None = None
-        self._original: ModelState | None = None  # the run's original, once built (``fit_oracle``'s target)
         self.built_cost: dict[str, dict] = {}
         self.model_ids: dict[str, str] = {}
         self.pretraining: dict = {}  # what pretraining kept on the server for the method (``history``)
@@ -120,48 +108,17 @@ class Experiment:
     def fedavg(self, arrays: ArrayRecord, role: str, rounds: int, label: str, *, plugins: list[dict] = (),
                seed_offset: int = 0, after_round=None, last_round_config: dict | None = None,
                on_replies=None, aggregate=None, extra_config: dict | None = None,
-               measure_received: ReceivedModelMeasure | None = None, round_lr=None,
-               first_round: int = 1) -> ArrayRecord:
-        """``rounds`` of FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged);
-        ``extra_config`` adds entries to every round's ``train`` config, ``round_lr(r)`` sets round r's
-        lr; rounds are numbered from ``first_round``. A round whose model looks collapsed, or one of the last
-        two rounds in which a client's loss on its own data rose by more than chance's (:meth:`round_checks`),
-        is played again (``run_rounds``)."""
+               measure_received: ReceivedModelMeasure | None = None, round_lr=None) -> ArrayRecord:
+        """``rounds`` of plain FedAvg over the clients holding ``role`` data (0 rounds: ``arrays`` unchanged),
+        each round played once (``run_rounds``); ``extra_config`` adds entries to every round's ``train``
+        config, ``round_lr(r)`` sets round r's lr."""
         strategy = RoleFedAvg(self.fed, role, fraction_train=self.cfg["fraction-train"],
                               seed=self.cfg["seed"] + seed_offset)
         return run_rounds(self.fed, strategy, arrays, rounds=rounds,
                           config=self.train_config(plugins=specs_to_json(list(plugins)), **(extra_config or {})),
                           label=label, method=self.cfg["method"], after_round=after_round,
                           last_round_config=last_round_config, on_replies=on_replies, aggregate=aggregate,
-                          measure_received=measure_received, round_lr=round_lr, first_round=first_round,
-                          **self.round_checks(plugins))
-
-    def round_checks(self, plugins: list[dict] = ()) -> dict:
-        """``run_rounds``' checks of each round for a model with ``plugins``: ``collapsed``
-        (:meth:`collapse_check`) and ``chance_loss`` (ln C for a task of C classes; none for the LLM
-        task, whose loss is an answer loss). Only the run's own phases use them: a baseline's FedAvg rounds
-        stay as its paper runs them (NoT's first refinement round after the negation answers the probe's
-        noise alike, and redoing it changed NoT's result)."""
-        classes = self.cfg.task.num_classes
-        return {"collapsed": self.collapse_check(plugins), "chance_loss": math.log(classes) if classes > 1 else None}
-
-    def collapse_check(self, plugins: list[dict] = ()):
-        """``collapsed(arrays)`` for ``run_rounds``: does the model with ``plugins`` answer every one of
-        the task's probe inputs alike (``tasks.validity.constant_output``)? A proxy: the server holds
-        no data, and noise is not data (``docs/lethe-log.md``, "A collapsed FedAvg round is played
-        again", says how often it flags a model that still works). ``None`` for a task without probe
-        inputs. Its model and inputs are made outside the global torch RNG, so nothing drawn from
-        it later sees the check: a run in which no model is flagged is the same as without it."""
-        with torch.random.fork_rng(devices=[]):
-            inputs = self.cfg.task.probe_inputs(self.cfg)
-            if inputs is None:
-                return None
-            model = self.cfg.task.server_model(self.cfg, list(plugins))
-
-        def collapsed(arrays: ArrayRecord) -> bool:
-            model.load_state_dict(arrays.to_torch_state_dict())
-            return constant_output(model, inputs)
-        return collapsed
+                          measure_received=measure_received, round_lr=round_lr)
 
     def fresh_model(self) -> ArrayRecord:
         """The starting weights of the original and the retrain oracle, seeded by ``init-seed``."""
@@ -178,11 +135,7 @@ class Experiment:
         federation = [{"client-id": n.client_id, **n.counts, **({"data-id": n.data_id} if n.data_id else {})}
                       for n in sorted(self.fed.nodes.values(), key=lambda n: n.client_id)]
         key = {**cache.model_key(kind, self.cfg, federation, self.data_id), **self.cfg.task.cache_key(self.cfg),
-               **(self.method.own_original(self.cfg) if kind == "original" else {}),
-               **({"settle-rounds": self.cfg["original-settle-rounds"]}
-                  if kind == "original" and self.settles_original(rounds) else {}),
-               **({"fit-rounds": self.cfg["retrain-fit-rounds"], "fit-to": self.model_ids["original"]}
-                  if kind == "retrain" and self.fits_oracle() else {})}
+               **(self.method.own_original(self.cfg) if kind == "original" else {})}
         self.model_ids[kind] = cache.entry_id(key)
         cost = self.fed.start_phase("pretrain" if kind == "original" else "retrain")
         started = time.perf_counter()
@@ -198,24 +151,13 @@ class Experiment:
         else:
             self.say(f"{kind}: {rounds} FedAvg rounds on '{role}' data")
             failed_before = len(cost.failures)
-            round_lr = scheduled_lr(self.cfg["lr-schedule"], self.cfg["lr"], rounds)
-            last_lr = round_lr(rounds) if round_lr else self.cfg["lr"]
-            training = {"last_round_config": self.keep_config(kind),
-                        "on_replies": recorder.record if recorder else None,
-                        "aggregate": self.method.pretraining_aggregate(self.cfg) if kind == "original" else None,
-                        "extra_config": self.method.pretraining_config(self.cfg, self.model_ids[kind])
-                        if kind == "original" else None}
-            settling = kind == "original" and self.settles_original(rounds)
-            reference: dict[int, ArrayRecord] = {}
-            reference_round = rounds - int(rounds * SETTLE_LOOKBACK)
-            arrays = self.fedavg(self.fresh_model(), role, rounds, kind, round_lr=round_lr, **training,
-                                 after_round=(lambda r, a: reference.update({r: a}) if r == reference_round else None)
-                                 if settling else None)
-            if settling:
-                arrays = self.settle_original(arrays, rounds, reference_round, reference[reference_round], cost,
-                                              last_lr / 2, training)
-            if kind == "retrain" and self.fits_oracle():
-                arrays = self.fit_oracle(arrays, rounds, cost, last_lr)
+            arrays = self.fedavg(self.fresh_model(), role, rounds, kind,
+                                 round_lr=scheduled_lr(self.cfg["lr-schedule"], self.cfg["lr"], rounds),
+                                 last_round_config=self.keep_config(kind),
+                                 on_replies=recorder.record if recorder else None,
+                                 aggregate=self.method.pretraining_aggregate(self.cfg) if kind == "original" else None,
+                                 extra_config=self.method.pretraining_config(self.cfg, self.model_ids[kind])
+                                 if kind == "original" else None)
             cost.seconds += time.perf_counter() - started
             self.built_cost[kind] = cost.as_dict()
             if recorder is not None:
@@ -258,114 +200,6 @@ class Experiment:
         ``keep-model-as`` = the original's id, under which each client stores its last local model."""
         keeps = pretraining_keeps(self.cfg.task.kind) if kind == "original" else ()
         return {"keep-model-as": self.model_ids[kind]} if "last-local-model" in keeps else None
-
-    def settles_original(self, rounds: int) -> bool:
-        """Does :meth:`settle_original` apply: ``original-settle-rounds`` > 0, a task with classes, and
-        enough rounds that the model it compares with is an earlier one."""
-        return self.cfg["original-settle-rounds"] > 0 and self.cfg.num_classes > 1 and int(rounds * SETTLE_LOOKBACK) > 0
-
-    def settle_original(self, arrays: ArrayRecord, rounds: int, reference_round: int, reference: ArrayRecord,
-                        cost: PhaseCost, lr: float, training: dict) -> ArrayRecord:
-        """The original ``arrays`` after its ``rounds``, trained on where its last rounds lost the fit it had.
-
-        Where the share of the retained clients' training data it predicts right
-        (:func:`strategies.common.fit.retained_counts`) is more than :data:`SETTLE_TOLERANCE` below that of
-        ``reference``, its own model of round ``reference_round`` (:data:`SETTLE_LOOKBACK` of its rounds
-        earlier), it trains one more FedAvg round at a time at ``lr`` (half its last round's) with
-        pretraining's own settings (``training``: the clients keep their model of the last round played, an
-        update history records it, a method's own pretraining aggregate and config apply), at most
-        ``original-settle-rounds``, until one is within. The last round played is kept, so what the clients
-        and the update history hold belongs to it. ``cost.fit`` records the shares and rounds where it acted.
-
-        Ours. Every method starts from the original, and at a constant lr a non-IID federation's last
-        rounds can blow up: on the robustness grid's seed 266 (7 clients, Dirichlet 0.1, sample scenario) a
-        client's local loss reached 3.23 nats in round 55 of 60, the original's fit fell from 0.993 (round
-        50) to 0.572 and ended at 0.963 (test accuracy 0.938 against retrain's 0.981), and six more rounds at
-        the same lr left it between 0.926 and 0.965; at half the lr it was within 0.01 of round 50's fit in
-        six rounds (0.985; test 0.967), where Lethe, which starts from it, had missed its test bar. Chosen on
-        that cell; ``docs/robustness.md``, "The original trained on where its last rounds lost their fit",
-        says on which originals it acts. It reads training data only, never test data."""
-        before = retained_counts(self.fed, reference, round_no=reference_round)
-        after = retained_counts(self.fed, arrays, round_no=rounds)
-        nodes = sorted(set(before or {}) & set(after or {}))
-        target = fit_share(before, nodes) if nodes else None
-        if target is None:
-            return arrays
-        start = fit_share(after, nodes)
-        if start >= target - SETTLE_TOLERANCE:
-            return arrays
-        limit = self.cfg["original-settle-rounds"]
-        self.say(f"original: it predicts {start:.3f} of the retained training data, {target:.3f} at round "
-                 f"{reference_round}: training on at lr {lr:.4g}, one round at a time, at most {limit}")
-        fit, round_no = start, rounds
-        for round_no in range(rounds + 1, rounds + limit + 1):
-            arrays = self.fedavg(arrays, "all", 1, "original", first_round=round_no, round_lr=lambda _: lr, **training)
-            counts = retained_counts(self.fed, arrays, round_no=round_no)
-            fit = fit_share(counts, nodes) if counts and set(nodes) <= set(counts) else fit
-            if fit >= target - SETTLE_TOLERANCE:
-                break
-        cost.fit = {"reference_round": reference_round, "reference": target, "start": start, "kept": fit,
-                    "rounds": round_no - rounds, "lr": lr, "within": fit >= target - SETTLE_TOLERANCE}
-        (self.say if cost.fit["within"] else log.warning)(
-            f"original: it predicts {fit:.3f} after {round_no - rounds} more round(s) "
-            f"({'within' if cost.fit['within'] else 'still not within'} {SETTLE_TOLERANCE} of round "
-            f"{reference_round}'s)")
-        return arrays
-
-    def fits_oracle(self) -> bool:
-        """Does :meth:`fit_oracle` apply: ``retrain-fit-rounds`` > 0, a task with classes, the original built."""
-        return self.cfg["retrain-fit-rounds"] > 0 and self.cfg.num_classes > 1 and self._original is not None
-
-    def fit_oracle(self, arrays: ArrayRecord, rounds: int, cost: PhaseCost, lr: float) -> ArrayRecord:
-        """The retrain oracle ``arrays`` after its ``rounds``, trained on until it fits its training data as
-        the original does. Where the share of the retained clients' training data it predicts right
-        (:func:`strategies.common.fit.retained_counts`) is more than :data:`ORACLE_FIT_TOLERANCE` below the
-        original's share of the same data, it trains one more FedAvg round on retained data at a time (at
-        ``lr``, the phase's last round's), at most ``retrain-fit-rounds`` and no more than ``rounds``, until
-        one is within; the model that fits best is kept (the first within, else the best seen, possibly the
-        one it started from). ``cost.fit`` records the shares and rounds where it acted.
-
-        Ours. Exact retraining is the reference every method is judged against, and at a constant lr the
-        last FedAvg round of a non-IID federation lands anywhere in a band of fits; a reference that did not
-        learn its own training data is a weaker model than retraining gives, not the exact answer. Measured
-        on the robustness grid's seeds 225-264 (240 cells with a valid original): the oracle's fit was more
-        than 0.03 below the original's in 4 cells (0.039-0.078), and the oracle drawn again from other initial
-        weights fitted within 0.01 in each. Those four held 4 of Lethe's 5 test misses above retrain and 4 of
-        FedUP's 6 class misses, and the oracles of the other three misses were 0.023-0.029 below. E.g. seed
-        263, 10 clients alpha 0.5, class: fit 0.917 against 0.995, test accuracy 0.905 against its draw's
-        0.988, class 8 at 0.278 (the same model read 1.0 there after 60 continued rounds). The tolerance and
-        the cap were chosen on those seeds
-        (``docs/robustness.md``, "The oracle trained until it fits"). It reads training data only, never
-        test data."""
-        target = retained_counts(self.fed, self._original.arrays, round_no=rounds)
-        limit = min(self.cfg["retrain-fit-rounds"], rounds)
-
-        def shares(candidate: ArrayRecord, round_no: int) -> tuple[float, float] | None:
-            counts = retained_counts(self.fed, candidate, round_no=round_no)
-            nodes = sorted(set(counts or {}) & set(target or {}))
-            original = fit_share(target, nodes) if nodes else None
-            return None if original is None else (original, fit_share(counts, nodes))
-
-        measured = shares(arrays, rounds)
-        if measured is None or measured[1] >= measured[0] - ORACLE_FIT_TOLERANCE:
-            return arrays
-        original, start = measured
-        self.say(f"retrain: the oracle predicts {start:.3f} of its training data, the original {original:.3f}: "
-                 f"training on, one round at a time, at most {limit}")
-        best, best_fit, kept, round_no = arrays, start, 0, rounds
-        for round_no in range(rounds + 1, rounds + limit + 1):
-            arrays = self.fedavg(arrays, "retain", 1, "retrain", first_round=round_no, round_lr=lambda _: lr)
-            measured = shares(arrays, round_no)
-            if measured is not None and measured[1] > best_fit:
-                best, best_fit, kept = arrays, measured[1], round_no - rounds
-            if best_fit >= original - ORACLE_FIT_TOLERANCE:
-                break
-        cost.fit = {"original": original, "start": start, "kept": best_fit, "kept_round": kept,
-                    "rounds": round_no - rounds, "within": best_fit >= original - ORACLE_FIT_TOLERANCE}
-        (self.say if cost.fit["within"] else log.warning)(
-            f"retrain: the oracle fits {best_fit:.3f} after {kept} more round(s) "
-            f"({'within' if cost.fit['within'] else 'still not within'} {ORACLE_FIT_TOLERANCE} of the original)")
-        return best
 
     def retrain(self) -> ModelState:
         if self._retrain is None:
@@ -414,7 +248,6 @@ class Experiment:
         self.setup()
         original = self.cached_fedavg("original", "all", self.cfg["pretrain-rounds"])
         require_finite(original.arrays, phase="pretrain", round_no=self.cfg["pretrain-rounds"], method="original")
-        self._original = original
         ctx = UnlearnContext(self.fed, self.cfg, original, original_id=self.model_ids["original"],
                              pretraining=self.pretraining,
                              model_factory=lambda plugins: self.cfg.task.server_model(self.cfg, plugins),
@@ -430,7 +263,6 @@ class Experiment:
         if result.built:  # the unlearned model is a cached build: its unlearning cost is what building it cost
             cost.seconds, cost.rounds, cost.bytes_up, cost.bytes_down = (
                 self.built_cost[result.built][k] for k in ("seconds", "rounds", "bytes_up", "bytes_down"))
-            cost.fit = dict(self.built_cost[result.built].get("fit", {}))
         self.say(f"unlearn done in {cost.seconds:.1f}s, {cost.bytes_up + cost.bytes_down} bytes")
 
         retrain = self.retrain()
@@ -496,7 +328,8 @@ class Experiment:
                     "own_original": self.method.own_original(self.cfg) or None,
                     "seed": cfg["seed"], "init_seed": self.cfg.init_seed, "num_clients": self.fed.num_clients,
                     "forget_clients": [self.fed.client_id(n) for n in self.fed.nodes_with("n-forget")],
-                    "config": cfg, "presets": self.cfg.presets, "versions": package_versions()},
+                    "config": cfg, "presets": self.cfg.presets, "recipe": self.cfg.recipe,
+                    "recipe_settings": self.cfg.recipe_settings, "versions": package_versions()},
             "models": models,
             "resurfacing": resurfacing,
             "validity": checks,

@@ -26,10 +26,8 @@ log = logging.getLogger("fedunlearn")
 
 class UpdateHistory:
     """``rounds``: round -> {"global": state, "clients": {client id: state}, "counts": {client id: n},
-    "lr": the clients' lr in that round}. A round's ``lr`` is the phase's own unless a play was redone
-    (``run_rounds``) or the original trained on at a lower one (``Experiment.settle_original``); a history
-    stored before it was recorded has none, and a replay reads the run's ``lr`` there
-    (``strategies.common.fedavg_rounds.recorded_lr``)."""
+    "lr": the clients' lr in that round} (the run's ``lr``, or round r's under ``lr-schedule``); a history
+    without it reads the run's ``lr`` in a replay (``strategies.common.fedavg_rounds.recorded_lr``)."""
 
     def __init__(self, interval: int, client_of_node):
         self.interval, self.client_of_node = interval, client_of_node

@@ -13,6 +13,7 @@ turns an exception a client raises into the error reply Flower's ClientApp runti
 
 from __future__ import annotations
 
+import sys
 from typing import Iterable
 
 from flwr.app import Context, Message, RecordDict
@@ -122,7 +123,19 @@ def main() -> None:
     parser.add_argument("--run-config", default="", help="overrides, as for flwr run --run-config")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    print(run_inprocess(parse_overrides(args.run_config), args.clients))
+    from tasks.config import ConfigError, parse_config
+
+    try:
+        overrides = parse_overrides(args.run_config)
+    except ValueError as err:
+        print(f"error: --run-config {args.run_config!r} is not 'key=value ...' in TOML syntax: {err}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        parse_config(overrides, args.clients)  # every config error before any node works: one line
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    print(run_inprocess(overrides, args.clients))
 
 
 if __name__ == "__main__":

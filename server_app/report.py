@@ -18,10 +18,10 @@ from importlib import metadata
 
 from server_app.atomic import atomic_path, locked, write_text
 
-CSV_FIELDS = ("time", "task", "method", "scenario", "seed", "init_seed", "num_clients",
+CSV_FIELDS = ("time", "task", "method", "recipe", "scenario", "seed", "init_seed", "num_clients",
               "original_test_acc", "original_forget_acc", "unlearned_retain_acc", "unlearned_forget_acc",
               "unlearned_test_acc", "unlearned_mia", "unlearned_mia_efficacy", "unlearned_target_rate", "ct_kr", "rr",
-              "unlearn_seconds", "unlearn_bytes_up", "unlearn_bytes_down", "validity_failed", "folder")
+              "unlearn_seconds", "unlearn_bytes_up", "unlearn_bytes_down", "carried_out", "validity_failed", "folder")
 VERSIONED = ("flwr", "torch", "torchvision", "scikit-learn", "flwr-datasets", "transformers", "peft")
 
 
@@ -33,6 +33,30 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[name] = "absent"
     return out
+
+
+def run_recipe(run: dict) -> str:
+    """The recipe a run's ``results.json`` says it ran (``run.recipe``): ``"paper"`` where none was
+    selected, else the recipe's name. A results.json from before the key existed has none (read as
+    ``"paper"``, or the ``recipe`` its run config names, where it names one)."""
+    recipe = run.get("recipe")
+    if recipe is None:
+        recipe = (run.get("config") or {}).get("recipe")
+    return str(recipe) if recipe else "paper"
+
+
+def carried_out(results: dict) -> bool | None:
+    """``method.carried_out``: False where the method did not carry the request out (it still reports
+    its own model), True where its own check passed, None where nothing judged it."""
+    value = (results.get("method") or {}).get("carried_out")
+    return value if isinstance(value, bool) else None
+
+
+def method_label(run: dict) -> str:
+    """A run's method as plots name it: ``"lethe"`` for the paper's method, ``"lethe (lethe-robust)"``
+    for it under a recipe."""
+    recipe = run_recipe(run)
+    return run.get("method", "?") if recipe == "paper" else f"{run.get('method', '?')} ({recipe})"
 
 
 def run_folder(outputs_dir: str, cfg: dict) -> str:
@@ -76,7 +100,8 @@ def append_csv(outputs_dir: str, results: dict, folder: str) -> str:
     unlearned = models.get("unlearned", {})
     row = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "task": results["run"]["task"],
-        "method": results["run"]["method"], "scenario": results["run"]["scenario"],
+        "method": results["run"]["method"], "recipe": run_recipe(results["run"]),
+        "scenario": results["run"]["scenario"],
         "seed": results["run"]["seed"], "init_seed": results["run"].get("init_seed", ""),
         "num_clients": results["run"]["num_clients"],
         "original_test_acc": models["original"]["test_acc"], "original_forget_acc": models["original"]["forget_acc"],
@@ -86,6 +111,7 @@ def append_csv(outputs_dir: str, results: dict, folder: str) -> str:
         "unlearned_target_rate": unlearned.get("target_rate", ""), "ct_kr": res.get("ct_kr"), "rr": res.get("rr"),
         "unlearn_seconds": cost["seconds"], "unlearn_bytes_up": cost["bytes_up"],
         "unlearn_bytes_down": cost["bytes_down"],
+        "carried_out": {True: "true", False: "false", None: ""}[carried_out(results)],
         "validity_failed": ";".join(results.get("validity", {}).get("failed", [])), "folder": folder,
     }
     with locked(path):
@@ -114,8 +140,28 @@ def _under_current_header(text: str) -> str:
     return buffer.getvalue()
 
 
-def plot_kr_curve(folder: str, resurfacing: dict, title: str) -> str:
-    """PNG of forget accuracy (KR) over the continued-training rounds, with the reference lines."""
+def plot_kr_curve(folder: str, resurfacing: dict, title: str, run: dict | None = None) -> str:
+    """PNG of forget accuracy (KR) over the continued-training rounds, with the reference lines. The
+    curve is named by the run's method, with its recipe where that is not the paper's (``run``: the
+    results' ``run`` block; by default read from the folder's results.json)."""
+    from matplotlib import pyplot as plt
+
+    if run is None:
+        path = os.path.join(folder, "results.json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as handle:
+                run = json.load(handle).get("run") or {}
+    fig = kr_curve_figure(resurfacing, title, method_label(run) if run else None)
+    path = os.path.join(folder, "kr_curve.png")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return path
+
+
+def kr_curve_figure(resurfacing: dict, title: str, label: str | None = None):
+    """The figure of :func:`plot_kr_curve`; ``label`` names the method's curve (e.g. ``"lethe
+    (lethe-robust)"``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,18 +169,15 @@ def plot_kr_curve(folder: str, resurfacing: dict, title: str) -> str:
 
     curve = [resurfacing["kr_unlearned"]] + list(resurfacing["kr_curve"])
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
-    ax.plot(range(len(curve)), curve, marker="o", label="unlearned, continued")
-    for key, style, label in (("kr_original", "--", "original"), ("kr_retrain", ":", "retrain")):
+    ax.plot(range(len(curve)), curve, marker="o",
+            label=f"{label}: unlearned, continued" if label else "unlearned, continued")
+    for key, style, name in (("kr_original", "--", "original"), ("kr_retrain", ":", "retrain")):
         if resurfacing.get(key) is not None and not math.isnan(resurfacing[key]):
-            ax.axhline(resurfacing[key], linestyle=style, color="gray", label=label)
+            ax.axhline(resurfacing[key], linestyle=style, color="gray", label=name)
     ax.set_xlabel("continued round (0 = right after unlearning)")
     ax.set_ylabel("forget accuracy (KR)")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    path = os.path.join(folder, "kr_curve.png")
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    return path
+    return fig

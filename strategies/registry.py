@@ -213,18 +213,23 @@ TABLES = {"methods": method_table, "keys": key_table}
 
 
 def write_readme_tables(path: str) -> bool:
-    """Replace each table between ``<!-- <name>:begin -->`` and ``<!-- <name>:end -->`` in ``path``
-    by the generated one; True when the file changed."""
+    """Replace every table the file at ``path`` marks with ``<!-- <name>:begin -->`` ... ``<!-- <name>:end -->``
+    (``name`` one of :data:`TABLES`: ``methods``, ``keys``) by the generated one; a file may hold any of
+    them (README.md the method table, docs/settings.md the key table). ``ValueError`` when it holds
+    none. True when the file changed."""
     import re
 
     with open(path, encoding="utf-8") as handle:
         text = handle.read()
-    updated = text
+    updated, found = text, []
     for name, table in TABLES.items():
         pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
-        if not pattern.search(updated):
-            raise ValueError(f"{path} has no <!-- {name}:begin --> ... <!-- {name}:end --> markers")
-        updated = pattern.sub(lambda m: m.group(1) + table() + "\n" + m.group(2), updated)
+        if pattern.search(updated):
+            found.append(name)
+            updated = pattern.sub(lambda m, table=table: m.group(1) + table() + "\n" + m.group(2), updated)
+    if not found:
+        markers = ", ".join(f"<!-- {name}:begin --> ... <!-- {name}:end -->" for name in TABLES)
+        raise ValueError(f"{path} has none of the generated tables' markers ({markers})")
     if updated != text:
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(updated)
@@ -234,7 +239,11 @@ def write_readme_tables(path: str) -> bool:
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) == 3 and sys.argv[1] == "--write":
-        print("updated" if write_readme_tables(sys.argv[2]) else "unchanged", sys.argv[2])
-    else:
+    if len(sys.argv) >= 3 and sys.argv[1] == "--write":
+        for target in sys.argv[2:]:
+            print("updated" if write_readme_tables(target) else "unchanged", target)
+    elif len(sys.argv) == 1:
         print(method_table(), "", key_table(), sep="\n")
+    else:
+        sys.exit("usage: python -m strategies.registry [--write FILE ...]  "
+                 "(e.g. --write README.md docs/settings.md)")

@@ -72,13 +72,6 @@ class Task:
         ``seed`` seeds its fresh weights (None: the run's ``seed``)."""
         raise NotImplementedError
 
-    def probe_inputs(self, cfg: Config):
-        """Seeded inputs of the server model's input form, on which a working model's outputs usually
-        differ (``tasks.validity.constant_output``: the FedAvg rounds of the original, the retrain
-        oracle and continued training redo a round whose model answers them all alike); ``None``: no
-        probe."""
-        return None
-
     def pool_metrics(self, cfg: Config, per_client: list[dict]) -> dict:
         """The results-contract entry of one model from every client's evaluation reply."""
         raise NotImplementedError

@@ -8,15 +8,15 @@ and what is allowed, before any training starts.
 The keys come from three places, and only those: :data:`GENERAL_SETTINGS` here (what to run, the
 federation, local training, folders), each task kind's settings (``tasks.registry.KIND_SETTINGS``, e.g. the
 LLM task's ``llm-*``) and each registered method's settings (``MethodSpec.settings`` in its own
-package under ``strategies/``). :func:`all_settings` joins them; the README's key table and
+package under ``strategies/``). :func:`all_settings` joins them; the key table of `docs/settings.md` and
 pyproject's defaults are checked against it by the tests, so they never drift apart.
 
-Presets. Where a method's good settings differ by task, its registration says so
-(``MethodSpec.presets``; a task's own, ``Task.presets``, rank below them), and ``smoke=true``
-shrinks every phase to a few steps (``MethodSpec.smoke``, ``Task.smoke`` and :data:`SMOKE`). A preset fills a key the user left at its
-global default; a key given any other value wins. (Flower passes every pyproject key to the app,
-so "left at its default" is the only sign of "not given" that survives; giving a key exactly its
-global default therefore does not override a preset; ``presets=false`` turns the method's and the task's presets off.)
+Presets and recipes. Where a task needs its own settings (``Task.presets``) or a method's paper
+settings differ by task (``MethodSpec.presets``), the registration says so; a named recipe
+(``recipe``, ``tasks.recipes``) adds the project's own settings on top; ``smoke=true`` shrinks every
+phase to a few steps (``MethodSpec.smoke``, ``Task.smoke`` and :data:`SMOKE`). Each fills a key the
+user did not set (:func:`_given`), in that rank; a key the user set always wins. ``presets=false``
+turns the method's and the task's presets off.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ class Setting:
         if isinstance(value, float) and math.isinf(value) and not self.allow_inf:
             return f"run-config '{self.key}'={value!r} is not allowed: must be finite"
         if self.choices is not None and value not in self.choices():
-            return f"run-config '{self.key}'={value!r} is not allowed: must be one of {', '.join(self.choices())}"
+            allowed = ", ".join("'' (none)" if c == "" else c for c in self.choices())
+            return f"run-config '{self.key}'={value!r} is not allowed: must be one of {allowed}"
         if self.check is not None and not self.check(value):
             return f"run-config '{self.key}'={value!r} is not allowed: must be {self.allowed}"
         return None
@@ -110,6 +111,12 @@ def _task_names() -> tuple[str, ...]:
     return task_names()
 
 
+def _recipe_names() -> tuple[str, ...]:
+    from tasks.recipes import recipe_names
+
+    return recipe_names()
+
+
 def _method_names() -> tuple[str, ...]:
     from strategies.registry import method_names
 
@@ -155,14 +162,6 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
        open_unit(False)),
     setting("pretrain-rounds", int, 20, "FedAvg rounds that train the original model", positive()),
     setting("retrain-rounds", int, 0, "FedAvg rounds of the retrain oracle; 0 = pretrain-rounds", at_least(0)),
-    setting("retrain-fit-rounds", int, 20,
-       "on a task with classes, rounds the retrain oracle may train on, one at a time, until its share of the "
-       "retained training data predicted right is within 0.01 of the original's (at most its own rounds); "
-       "0 = never", at_least(0)),
-    setting("original-settle-rounds", int, 10,
-       "on a task with classes, rounds the original may train on, one at a time at half its last round's lr, "
-       "where its share of the retained training data predicted right ended more than 0.01 below that of its "
-       "model a sixth of its rounds earlier, until within; 0 = never", at_least(0)),
     setting("continue-rounds", int, 10, "FedAvg rounds on retained data after unlearning (resurfacing)",
        at_least(0)),
     setting("continue-plugins", str, "frozen",
@@ -194,6 +193,10 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
     setting("diagnostic-samples", int, 50,
        "per client and set, penultimate features sent for the FD/PCA diagnostics; 0 = off",
        at_least(0)),
+    setting("recipe", str, "",
+            "a named recipe of the project's own settings on top of the method's paper defaults "
+            "(recipes/<name>.toml, e.g. lethe-robust); empty = the paper's method",
+            choices=lambda: ("", *_recipe_names())),
     setting("presets", bool, True,
             "apply the presets the task and the method registered (their measured settings there; digits-lenet5: "
             "pretrain-rounds=60 local-epochs=1 continue-rounds=30) to keys left at their default; false = the "
@@ -234,12 +237,24 @@ def settings_by_key() -> dict[str, Setting]:
 class Config:
     """Typed, validated run config; read values as ``cfg["pretrain-rounds"]`` or ``cfg.pretrain_rounds``.
 
-    ``presets``: the keys a method/task preset or the smoke setting filled, with their values.
+    ``presets``: the keys a method/task preset, the recipe or the smoke setting filled, with their
+    values; ``recipe_settings``: those the recipe filled.
     """
 
-    def __init__(self, values: dict[str, Any], presets: dict[str, Any] | None = None):
+    def __init__(self, values: dict[str, Any], presets: dict[str, Any] | None = None,
+                 recipe_settings: dict[str, Any] | None = None):
         self._values = dict(values)
         self.presets = dict(presets or {})
+        self.recipe_settings = dict(recipe_settings or {})
+
+    def with_values(self, changes: dict[str, Any]) -> "Config":
+        """This config with ``changes`` applied (a method's second attempt under other settings)."""
+        return Config({**self._values, **changes}, self.presets, self.recipe_settings)
+
+    @property
+    def recipe(self) -> str:
+        """The recipe this run uses, ``"paper"`` where none."""
+        return self._values.get("recipe") or "paper"
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -304,19 +319,47 @@ def _valid(setting: Setting, raw: Any) -> Any:
     return value
 
 
-def _presets(values: dict[str, Any]) -> dict[str, Any]:
-    """The preset values for this task (``Task.presets``) and method, and the smoke settings when
-    ``smoke`` is on."""
+def _presets(values: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
+    """The values that fill keys left at their default, in rising rank: the task's presets
+    (``Task.presets``) and the method's, the recipe's (for this scenario and task kind), the smoke
+    settings when ``smoke`` is on. Returns them and the keys whose value is the recipe's."""
     from strategies.registry import method_spec
+    from tasks.recipes import RecipeError, load_recipe
     from tasks.registry import task_for
 
     task, spec = task_for(values["task"]), method_spec(values["method"])
-    presets = {}
+    presets: dict[str, Any] = {}
     if values["presets"]:
         presets = {**task.presets, **spec.presets.get(task.name, spec.presets.get(task.kind, {}))}
+    recipe_keys: set[str] = set()
+    if values["recipe"]:
+        try:
+            recipe = load_recipe(values["recipe"])
+        except RecipeError as err:
+            raise ConfigError(f"run-config 'recipe'={values['recipe']!r}: {err}") from None
+        if values["method"] not in recipe.methods:
+            raise ConfigError(f"run-config 'recipe'={values['recipe']!r} is for method {', '.join(recipe.methods)}, "
+                              f"not {values['method']!r}")
+        filled = recipe.values_for(values["scenario"], task.kind)
+        presets.update(filled)
+        recipe_keys = set(filled)
     if values["smoke"]:
-        presets.update({**SMOKE, **task.smoke, **spec.smoke})
-    return presets
+        smoke = {**SMOKE, **task.smoke, **spec.smoke}
+        presets.update(smoke)
+        recipe_keys -= set(smoke)
+    return presets, recipe_keys
+
+
+def _given(key: str, run_config: dict[str, Any], settings: dict[str, Setting]) -> bool:
+    """Did the user set ``key``? Where ``run_config`` holds only what was given (the in-process runner,
+    the benchmarks, the tests), any key in it, whatever its value. Where it holds every key (Flower
+    merges pyproject's defaults with ``--run-config``), a key whose value is not its default: a key
+    given exactly its default is then indistinguishable from one left alone."""
+    if key not in run_config:
+        return False
+    if not set(settings) <= set(run_config):
+        return True
+    return _coerce(settings[key], run_config[key]) != settings[key].default
 
 
 def parse_config(run_config: dict[str, Any], num_clients: int | None = None) -> Config:
@@ -328,17 +371,20 @@ def parse_config(run_config: dict[str, Any], num_clients: int | None = None) -> 
     settings = settings_by_key()
     unknown = sorted(set(run_config) - set(settings))
     if unknown:
-        raise ConfigError(f"unknown run-config key(s) {', '.join(unknown)}; see the README's key table")
+        raise ConfigError(f"unknown run-config key(s) {', '.join(unknown)}; see docs/settings.md")
     values = {key: _valid(settings[key], run_config.get(key, settings[key].default))
-              for key in ("task", "method", "presets", "smoke")}
+              for key in ("task", "method", "presets", "smoke", "recipe", "scenario")}
     applied = {}
-    for key, preset in _presets(values).items():
-        if _coerce(settings[key], run_config.get(key, settings[key].default)) == settings[key].default:
+    presets, recipe_keys = _presets(values)
+    for key, preset in presets.items():
+        if key not in settings:
+            raise ConfigError(f"run-config 'recipe'={values['recipe']!r} sets unknown key {key!r}")
+        if not _given(key, run_config, settings):
             applied[key] = _valid(settings[key], preset)
     for setting in all_settings():
         if setting.key not in values:
             values[setting.key] = applied.get(setting.key, _valid(setting, run_config.get(setting.key, setting.default)))
-    cfg = Config(values, applied)
+    cfg = Config(values, applied, {k: v for k, v in applied.items() if k in recipe_keys})
     _check_combinations(cfg, num_clients)
     return cfg
 

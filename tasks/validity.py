@@ -61,25 +61,6 @@ def nonfinite_tensors(state: Mapping[str, torch.Tensor]) -> list[str]:
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
 
 
-@torch.no_grad()
-def constant_output(model: torch.nn.Module, inputs: torch.Tensor, tolerance: float = 1e-6) -> bool:
-    """Does ``model`` give the same outputs for every row of ``inputs``? A network whose units of
-    some ReLU layer are all dead does, for any inputs: each one's logits are that layer's bias
-    carried forward. Measured on digits (7 clients, alpha 0.1, seed 104): an original whose largest
-    client's local run blew up (step loss 2e3 nats) answered every test image and every noise image
-    with the same logits, to the last bit. The converse does not hold: a model may answer noise
-    alike and still tell the data apart (``run_rounds`` allows for it). ``tolerance`` is relative
-    to the largest logit."""
-    was_training = model.training
-    model.eval()
-    try:
-        logits = model(inputs)
-    finally:
-        model.train(was_training)
-    spread = (logits.max(dim=0).values - logits.min(dim=0).values).abs().max()
-    return bool(spread <= tolerance * (1.0 + logits.abs().max()))
-
-
 def utility_of(entry: Mapping) -> float:
     """The utility figure of a results entry: ``test_acc`` (vision), else ``utility`` (LLM task)."""
     value = entry.get("test_acc")

@@ -5,7 +5,8 @@ rounds and steps, every phase run). Its results.json must hold the results contr
 block with the presets applied; the model entries with their core metrics (accuracies in [0, 1],
 None where a metric does not apply to the task, e.g. the LLM task's ``test_acc``); the resurfacing
 curve; the validity block; the costs of every phase; the method's details; and, for a reversible
-method, a restored model equal to the original. A method is tested the moment it registers.
+method, a restored model equal to the original. A method is tested the moment it registers, and a
+recipe (``recipes/*.toml``) the moment it is added, with each method it is written for.
 
 The cells of one task kind live in one test file (``test_contract_<kind>.py``): under pytest-xdist's
 ``--dist loadfile`` each file runs in one worker, and the three kinds share no models (each file's
@@ -22,7 +23,8 @@ import os
 import pytest
 
 from server_app.inprocess import run_inprocess
-from strategies.registry import all_methods
+from strategies.registry import all_methods, method_spec
+from tasks.recipes import load_recipe, recipe_names
 from tasks.registry import task_for
 
 TASK_OF_KIND = {"vision": "digits-lenet5", "llm": "llm-tofu", "text": "text-minilm"}
@@ -49,15 +51,28 @@ def cells(kind: str) -> list:
             for scenario in spec.scenarios if scenario in task.scenarios]
 
 
-def check_contract(spec, kind: str, scenario: str, cache_dir: str, out_dir: str) -> None:
-    """Run ``spec`` on ``kind``'s task and ``scenario`` (smoke setting) and assert the results contract."""
+def recipe_cells(kind: str) -> list:
+    """One ``pytest.param(spec, scenario, recipe)`` per recipe, method it is written for (of task kind
+    ``kind``) and scenario."""
+    task = task_for(TASK_OF_KIND[kind])
+    return [pytest.param(method_spec(method), scenario, name, id=f"{method}-{name}-{task.name}-{scenario}")
+            for name in recipe_names() for method in load_recipe(name).methods
+            if kind in method_spec(method).task_kinds
+            for scenario in method_spec(method).scenarios if scenario in task.scenarios]
+
+
+def check_contract(spec, kind: str, scenario: str, cache_dir: str, out_dir: str, recipe: str = "") -> None:
+    """Run ``spec`` on ``kind``'s task and ``scenario`` (smoke setting; with ``recipe`` where given) and
+    assert the results contract."""
     run = {"task": TASK_OF_KIND[kind], "method": spec.name, "scenario": scenario, "smoke": True,
-           "cache-dir": cache_dir, "outputs-dir": out_dir, **(LLM_TINY if kind == "llm" else {})}
+           "cache-dir": cache_dir, "outputs-dir": out_dir, **(LLM_TINY if kind == "llm" else {}),
+           **({"recipe": recipe} if recipe else {})}
     folder = run_inprocess(run, CLIENTS[kind])
     with open(os.path.join(folder, "results.json")) as handle:
         results = json.load(handle)
 
     assert results["run"]["method"] == spec.name and results["run"]["scenario"] == scenario
+    assert results["run"]["recipe"] == (recipe or "paper") and bool(results["run"]["recipe_settings"]) == bool(recipe)
     assert results["run"]["config"]["pretrain-rounds"] == 2 and results["run"]["presets"]  # the smoke setting applied
     for name in ("original", "unlearned", "continued"):
         entry = results["models"][name]

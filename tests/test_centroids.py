@@ -1,11 +1,19 @@
-"""Client-side FedUP pieces: per-class KMeans centroids, forget-class relabelling, clipping, noise."""
+"""Client-side FedUP pieces: per-class KMeans centroids, forget-class relabelling, clipping, diameter, noise."""
 
 import math
 
 import pytest
 import torch
 
-from strategies.fedup.centroids import add_gaussian_noise, class_centroids, clip_rows, divert_targets, relabel_forget_rows
+from strategies.fedup.centroids import (
+    add_gaussian_noise,
+    class_centroids,
+    clip_rows,
+    divert_targets,
+    feature_diameter,
+    relabel_forget_rows,
+    relabel_per_class,
+)
 
 
 def features(n_per_class=(20, 7, 3), d=5, seed=0):
@@ -61,6 +69,16 @@ def test_centroids_are_deterministic_under_seed():
     assert all(torch.equal(u, v) for u, v in zip(a, b))
 
 
+def test_kmeans_finds_well_separated_clusters():
+    """Random starts with 5 restarts (the official code's KMeans) recover three far-apart blobs."""
+    g = torch.Generator().manual_seed(0)
+    centres = torch.tensor([[0.0, 0.0], [50.0, 0.0], [0.0, 50.0]])
+    x = centres.repeat_interleave(20, dim=0) + 0.1 * torch.randn(60, 2, generator=g)
+    c, _, counts = class_centroids(x, torch.zeros(60, dtype=torch.long), rho=0.05, seed=1)
+    assert sorted(counts.tolist()) == [20, 20, 20]
+    assert all(float((c - m).norm(dim=1).min()) < 0.1 for m in centres)
+
+
 def test_bad_rho_and_shapes_rejected():
     x, y = features()
     for rho in (0.0, 1.5, -0.2):
@@ -110,6 +128,37 @@ def test_clip_rows_bounds_norms_and_leaves_short_rows_alone():
     assert torch.allclose(out[3], torch.tensor([-0.6, 0.8]))  # direction kept
     with pytest.raises(ValueError, match="fedup-clip"):
         clip_rows(x, 0.0)
+
+
+def test_infinite_clip_is_no_clipping():
+    x = torch.tensor([[300.0, 400.0], [0.3, 0.4]])
+    out = clip_rows(x, math.inf)
+    assert torch.equal(out, x) and out.data_ptr() != x.data_ptr()
+
+
+def test_feature_diameter_is_the_largest_pairwise_distance():
+    x = torch.tensor([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0], [-3.0, -4.0]])
+    assert feature_diameter(x) == pytest.approx(10.0)
+    assert feature_diameter(x, block=1) == pytest.approx(10.0)  # blocks see every pair
+    assert feature_diameter(x[:1]) == 0.0
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(50, 7, generator=g)
+    assert feature_diameter(y, block=8) == pytest.approx(float(torch.cdist(y, y).max()), rel=1e-6)
+
+
+def test_per_class_relabelling_sends_each_class_to_one_other_class():
+    """The official code's class scenario: all of a client's forget-class rows get the same random other
+    class; another client (seed) may draw another one."""
+    y = torch.tensor([2] * 30 + [0] * 5)
+    out = relabel_per_class(y, num_classes=4, seed=0)
+    assert len(set(out[:30].tolist())) == 1 and int(out[0]) != 2
+    assert len(set(out[30:].tolist())) == 1 and int(out[30]) != 0
+    assert torch.equal(out, relabel_per_class(y, 4, seed=0))
+    draws = {int(relabel_per_class(y[:30], 4, seed=s)[0]) for s in range(40)}
+    assert draws == {0, 1, 3}  # across clients: several classes, never the forgotten one
+    assert relabel_per_class(torch.zeros(0, dtype=torch.long), 4, seed=0).numel() == 0
+    with pytest.raises(ValueError, match="labels"):
+        relabel_per_class(torch.tensor([4]), 4, seed=0)
 
 
 def test_gaussian_noise_has_requested_std_and_is_seeded():

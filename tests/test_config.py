@@ -27,15 +27,29 @@ def test_the_offline_default_trains_one_local_epoch_a_round_and_presets_false_gi
     assert tuple(given[k] for k in recipe) == (40, 1, 5) and "pretrain-rounds" not in given.presets
 
 
-def test_readme_tables_are_the_registered_ones():
-    """The README's method and key tables are generated from the registrations
-    (``python -m strategies.registry --write README.md``); a new method or key must be written there."""
-    from strategies.registry import key_table, method_table
+def test_readme_tables_are_the_registered_ones(tmp_path):
+    """The README's method table and docs/settings.md's key table are generated from the registrations
+    (``python -m strategies.registry --write README.md docs/settings.md``); a new method or key must be
+    written there. The writer fills whichever marked tables a file holds and refuses a file with none."""
+    from strategies.registry import key_table, method_table, write_readme_tables
 
-    readme = (ROOT / "README.md").read_text()
-    assert method_table() in readme and key_table() in readme
-    missing = [s.key for s in all_settings() if f"| `{s.key}` |" not in readme]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    settings = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert "<!-- methods:begin -->\n" + method_table() + "\n<!-- methods:end -->" in readme
+    assert "<!-- keys:begin -->\n" + key_table() + "\n<!-- keys:end -->" in settings
+    assert "<!-- keys:begin -->" not in readme  # the key table lives in docs/settings.md only
+    missing = [s.key for s in all_settings() if f"| `{s.key}` |" not in settings]
     assert not missing
+
+    only_keys = tmp_path / "settings.md"
+    only_keys.write_text("# keys\n<!-- keys:begin -->\nold\n<!-- keys:end -->\ntail\n", encoding="utf-8")
+    assert write_readme_tables(str(only_keys)) is True
+    assert only_keys.read_text(encoding="utf-8") == f"# keys\n<!-- keys:begin -->\n{key_table()}\n<!-- keys:end -->\ntail\n"
+    assert write_readme_tables(str(only_keys)) is False
+    none = tmp_path / "none.md"
+    none.write_text("no tables here\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="none of the generated tables"):
+        write_readme_tables(str(none))
 
 
 @pytest.mark.parametrize("key,value,fragment", [
@@ -117,3 +131,15 @@ def test_coercion_and_inf():
     assert cfg["lr"] == 1.0 and isinstance(cfg["lr"], float)
     assert cfg["download"] is True and math.isinf(cfg["fedup-epsilon"])
     assert cfg.pretrain_rounds == cfg["pretrain-rounds"]
+
+
+@pytest.mark.parametrize("overrides, fragment", [("lr=-1", "'lr'=-1.0 is not allowed: must be > 0"),
+                                                 ("lr=", "is not 'key=value ...' in TOML syntax")])
+def test_the_inprocess_runner_names_a_bad_setting_in_one_line(overrides, fragment):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "server_app.inprocess", "--clients", "3", "--run-config", overrides],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 2 and fragment in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1 and not done.stdout

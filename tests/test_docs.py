@@ -66,7 +66,7 @@ def _plain(text: str) -> str:
 
 
 def test_every_section_named_in_docs_exists():
-    """A pointer like ``docs/lethe.md`, "Where it stands"`` names a heading of that page (a shortened
+    """A pointer like ``docs/lethe.md`, "Settings"`` names a heading of that page (a shortened
     title ending in an ellipsis names the heading it starts): moving a section must move its pointers."""
     headings = {path.relative_to(ROOT).as_posix(): [_plain(line.lstrip("#")) for line in
                                                     path.read_text(encoding="utf-8").splitlines()

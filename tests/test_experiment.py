@@ -16,16 +16,8 @@ from strategies.common.federation import Federation, RoundFailed
 
 TINY = {"pretrain-rounds": 2, "continue-rounds": 2, "local-epochs": 1, "mia-max-samples": 30,
         "fedup-epochs": 20, "lethe-rectify-rounds": 1, "lethe-restore-rounds": 1, "lethe-adapter-steps": 3,
-        "lethe-verify-passes": 0, "lethe-restore-extra-rounds": 0,
-        # the 4-client client scenario's leaving client holds 0.90 of class 8: Lethe would return retrain's
-        # model (its exact fallback), so the tests of its phases turn that off
-        "lethe-exact-share": 1.0,
-        # the oracle trained on to fit (``Experiment.fit_oracle``) sends evaluate messages of its own: the
-        # tests that count messages turn it off, and its own tests turn it on
-        "retrain-fit-rounds": 0,
-        # the original trained on where its last rounds lost their fit (``Experiment.settle_original``)
-        # measures its fit twice: off here for the same reason, on in its own tests
-        "original-settle-rounds": 0}
+        "guard-verify-passes": 0, "guard-restore-extra-rounds": 0}
+ROBUST = {"recipe": "lethe-robust"}
 
 
 def run(tmp_path, num_clients=4, fail_nodes=(), **overrides):
@@ -57,6 +49,11 @@ def test_retrain_run_writes_the_results_contract(tmp_path):
     cost = results["cost"]
     assert cost["pretrain"]["rounds"] == 2 and cost["pretrain"]["bytes_up"] > 0 and cost["pretrain"]["bytes_down"] > 0
     assert cost["unlearn"] == {**cost["built"]["retrain"]}
+    # the references are plain FedAvg: exactly their configured rounds, and nothing but the phase's cost
+    assert cost["built"]["original"]["rounds"] == 2 and cost["built"]["retrain"]["rounds"] == 2
+    assert cost["continue"]["rounds"] == TINY["continue-rounds"]
+    for phase in ("pretrain", "retrain", "continue"):
+        assert set(cost[phase]) == {"seconds", "rounds", "bytes_up", "bytes_down", "failures", "degraded"}
     assert os.path.getsize(os.path.join(folder, "kr_curve.png")) > 1000
     assert os.path.getsize(os.path.join(folder, "features_pca.png")) > 1000
     diagnostics = results["diagnostics"]
@@ -180,39 +177,38 @@ def test_continued_models_measured_inside_the_next_round_score_as_in_their_own_e
     assert {k: results["models"]["continued"][k] for k in last} == last
 
 
-def test_lethe_runs_its_three_phases(tmp_path):
-    results, _, grid = run(tmp_path, method="lethe", scenario="client", poison="backdoor")
-    details = results["method"]
-    assert "adapter_final_loss" in details and len(details["gamma_bounds"]) == 1
-    # amplify (1) + rectify (1) + restore (1) rounds + the reports on restore's last model (1)
-    assert results["cost"]["unlearn"]["rounds"] == 4
-    assert math.isfinite(results["models"]["unlearned"]["test_acc"])
-    # the paper's FedAvg restore leaves the forget client out of the restore round: fewer bytes up
-    paper, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor",
-                      **{"lethe-restore-mode": "fedavg"})
-    assert paper["cost"]["unlearn"]["rounds"] == 3
-    assert paper["cost"]["unlearn"]["bytes_up"] < results["cost"]["unlearn"]["bytes_up"]
-    assert paper["models"]["unlearned"] != results["models"]["unlearned"]
+def test_lethe_runs_its_papers_three_phases_by_default(tmp_path):
+    """``method='lethe'`` alone: amplify (1) + T rectify (1) + R FedAvg restore rounds (1), no guard;
+    results say it ran the paper. The lethe-robust recipe's rectified restore also trains the forget
+    clients and reports on restore's last model: one round more, more bytes up, another model."""
+    paper, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor")
+    assert paper["run"]["recipe"] == "paper" and paper["run"]["recipe_settings"] == {}
+    assert "adapter_final_loss" in paper["method"] and len(paper["method"]["gamma_bounds"]) == 1
+    assert paper["cost"]["unlearn"]["rounds"] == 3 and "carried_out" not in paper["method"]
+    assert math.isfinite(paper["models"]["unlearned"]["test_acc"])
+    robust, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **ROBUST)
+    assert robust["run"]["recipe"] == "lethe-robust" and robust["run"]["recipe_settings"]["guard-stop-loss"] == 12.0
+    assert "guard-verify-passes" not in robust["run"]["recipe_settings"]  # given explicitly (TINY): not the recipe's
+    assert robust["cost"]["unlearn"]["rounds"] == 4
+    assert paper["cost"]["unlearn"]["bytes_up"] < robust["cost"]["unlearn"]["bytes_up"]
+    assert paper["models"]["unlearned"] != robust["models"]["unlearned"]
 
 
-def test_lethe_returns_exact_retraining_where_the_request_removes_most_of_a_class(tmp_path):
-    """4 clients at alpha 0.5, client scenario: the leaving client holds 0.90 of class 8's training samples
-    and the others the rest. At lethe-exact-share 0.8 Lethe's result is the run's retrain model (its
-    figures and its cost) and says why; at 0.95 it rectifies as usual."""
+def test_lethe_never_returns_the_retrain_model(tmp_path):
+    """4 clients at alpha 0.5, client scenario: the leaving client holds 0.90 of class 8's training samples.
+    Lethe, paper or recipe, rectifies and reports its own model; nothing of retrain's is substituted."""
     retrain, _, _ = run(tmp_path, method="retrain", scenario="client", poison="backdoor")
-    exact, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **{"lethe-exact-share": 0.8})
-    assert exact["method"] == {"exact_fallback": {"share": 0.8, "classes": {"8": pytest.approx(0.9028, abs=1e-4)}}}
-    assert exact["models"]["unlearned"] == retrain["models"]["unlearned"]
-    assert exact["cost"]["unlearn"] == exact["cost"]["built"]["retrain"] == retrain["cost"]["unlearn"]
-    rectified, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor",
-                          **{"lethe-exact-share": 0.95})
-    assert "exact_fallback" not in rectified["method"] and len(rectified["method"]["gamma_bounds"]) == 1
-    assert rectified["models"]["unlearned"] != retrain["models"]["unlearned"]
+    for extra in ({}, ROBUST):
+        lethe, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **extra)
+        assert "exact_fallback" not in lethe["method"] and len(lethe["method"]["gamma_bounds"]) == 1
+        assert lethe["models"]["unlearned"] != retrain["models"]["unlearned"]
+        assert lethe["cost"]["unlearn"] != retrain["cost"]["unlearn"]
 
 
-def test_lethes_client_forget_stream_is_all_the_leaving_clients_data_unless_asked_otherwise(tmp_path, monkeypatch):
-    """Every train message of Lethe's forget stream (amplify, rectify, restore) asks the leaving client
-    for all its training data (``forget-all-data``); with lethe-client-forget-stream=forget-set none does."""
+def test_lethes_client_forget_stream_is_all_the_leaving_clients_data(tmp_path, monkeypatch):
+    """Every train message of Lethe's forget stream asks the leaving client for all its training data
+    (``forget-all-data``, the paper's client-level stream): amplify and rectify in the paper; restore
+    and the reports on its model too with the recipe's rectified restore."""
     flags = []
     send = InProcessGrid.send_and_receive
 
@@ -224,10 +220,13 @@ def test_lethes_client_forget_stream_is_all_the_leaving_clients_data_unless_aske
 
     monkeypatch.setattr(InProcessGrid, "send_and_receive", recording)
     run(tmp_path, method="lethe", scenario="client", poison="backdoor")
-    assert len(flags) == 4 and all(flags)  # amplify, rectify, restore and the reports on its model
+    assert len(flags) == 2 and all(flags)
     flags.clear()
-    run(tmp_path, method="lethe", scenario="client", poison="backdoor", **{"lethe-client-forget-stream": "forget-set"})
-    assert len(flags) == 4 and not any(flags)
+    run(tmp_path, method="lethe", scenario="client", poison="backdoor", **ROBUST)
+    assert len(flags) == 4 and all(flags)
+    flags.clear()
+    run(tmp_path, method="lethe", scenario="sample")
+    assert len(flags) == 2 and not any(flags)
 
 
 def test_lethe_checks_its_restored_model_at_the_forget_clients_and_passes_again_while_it_knows(tmp_path):
@@ -236,8 +235,8 @@ def test_lethe_checks_its_restored_model_at_the_forget_clients_and_passes_again_
     server's own forget accuracy of the kept model (the same data, measured at the nodes). The
     request is left undone, so a second attempt with the looser walk-back runs; it changes nothing
     either and is not kept."""
-    results, _, _ = run(tmp_path, method="lethe", scenario="class",
-                        **{"lethe-verify-passes": 1, "lethe-rectify-rounds": 0, "lethe-restore-rounds": 0,
+    results, _, _ = run(tmp_path, method="lethe", scenario="class", **ROBUST,
+                        **{"guard-verify-passes": 1, "lethe-rectify-rounds": 0, "lethe-restore-rounds": 0,
                            "continue-rounds": 1})
     details, unlearned = results["method"], results["models"]["unlearned"]
     checks = details["forget_checks"]
@@ -246,45 +245,48 @@ def test_lethe_checks_its_restored_model_at_the_forget_clients_and_passes_again_
     assert details["kept_pass"] == 1  # both still know it equally: the earlier is kept
     assert checks[0]["forget_acc"] == pytest.approx(unlearned["forget_acc"]) and unlearned["forget_acc"] > 0.5
     assert details["retry"]["backbone_rise"] == 2.0 and details["retry"]["kept"] is False
+    assert details["carried_out"] is False  # reported as such, with Lethe's own model
     assert results["cost"]["unlearn"]["rounds"] == 4  # each pass's amplify round, in both attempts
 
 
 def test_lethe_sends_one_message_to_a_client_holding_both_roles(tmp_path):
     """Class scenario: every client holds forget and retained data, so each rectify or restore round
     is one download per client (two uploads), not two exchanges."""
-    results, _, _ = run(tmp_path, method="lethe", scenario="class", **{"lethe-stop-loss": float("inf")})
+    results, _, _ = run(tmp_path, method="lethe", scenario="class", **ROBUST, **{"guard-stop-loss": float("inf")})
     cost = results["cost"]["unlearn"]
     assert cost["rounds"] == 4
     model_bytes = results["cost"]["pretrain"]["bytes_down"] / (TINY["pretrain-rounds"] * 4)
     # amplify sends the composite once to each of the 4 clients, rectify, restore and the reports on
-    # restore's last model once more each, and the retained data's fit (lethe-max-fit-drop) asks each
+    # restore's last model once more each, and the retained data's fit (guard-fit-drop) asks each
     # for its counts of the original and of the restored model
     assert 6 * 4 * model_bytes <= cost["bytes_down"] < 6.5 * 4 * model_bytes
     assert cost["bytes_up"] > 2 * 2 * 4 * 0.9 * model_bytes
 
 
-def test_lethe_class_scenario_takes_its_own_step_settings(tmp_path):
-    """The class scenario rectifies with lethe-lr-class / lethe-step-clip-class; lethe-lr is not used there."""
-    common = {"method": "lethe", "scenario": "class", "lethe-stop-loss": float("inf"), "lethe-restore-rounds": 0}
+def test_the_recipes_class_scenario_takes_its_own_step_settings(tmp_path):
+    """lethe-robust's [scenario.class] sets lethe-lr 0.02 (its [settings] 0.01); an explicit lethe-lr wins."""
+    common = {"method": "lethe", "scenario": "class", "guard-stop-loss": float("inf"), "lethe-restore-rounds": 0,
+              **ROBUST}
     default, _, _ = run(tmp_path, **common)
+    assert default["run"]["recipe_settings"]["lethe-lr"] == 0.02
+    same_lr, _, _ = run(tmp_path, **common, **{"lethe-lr": 0.02})
     other_lr, _, _ = run(tmp_path, **common, **{"lethe-lr": 0.5})
-    other_class_lr, _, _ = run(tmp_path, **common, **{"lethe-lr-class": 0.5})
-    assert other_lr["models"]["unlearned"] == default["models"]["unlearned"]
-    assert other_class_lr["models"]["unlearned"] != default["models"]["unlearned"]
+    assert same_lr["models"]["unlearned"] == default["models"]["unlearned"]
+    assert other_lr["models"]["unlearned"] != default["models"]["unlearned"]
 
 
 def test_lethe_rectification_stops_once_the_forget_loss_is_reached(tmp_path):
     # the fit bound off: on this two-round original its first restore falls short of it and restore runs
     # again at half the lr, two more rounds that this test does not count
-    results, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor",
-                        **{"lethe-rectify-rounds": 3, "lethe-stop-loss": 1e-6, "lethe-max-fit-drop": 1.0})
+    results, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **ROBUST,
+                        **{"lethe-rectify-rounds": 3, "guard-stop-loss": 1e-6, "guard-fit-drop": 1.0})
     history = results["method"]["gamma_bounds"]
     assert len(history) == 1 and history[0]["stopped"] is True and history[0]["forget_loss"] >= 1e-6
     # amplify (1) + the stopping round, forget clients only (1) + restore (1) + reports on its model (1),
     # not 3 rectify rounds
     assert results["cost"]["unlearn"]["rounds"] == 4
-    unlimited, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor",
-                          **{"lethe-rectify-rounds": 2, "lethe-stop-loss": float("inf")})
+    unlimited, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **ROBUST,
+                          **{"lethe-rectify-rounds": 2, "guard-stop-loss": float("inf")})
     assert [("stopped" in h) for h in unlimited["method"]["gamma_bounds"]] == [False, False]
     assert all(h["forget_loss"] >= 0 for h in unlimited["method"]["gamma_bounds"])
 
@@ -292,15 +294,16 @@ def test_lethe_rectification_stops_once_the_forget_loss_is_reached(tmp_path):
 def test_lethe_holds_its_restore_to_the_retained_datas_fit(tmp_path):
     """The retained clients count their training samples the restored model predicts right: the share
     Lethe records is the unlearned model's retained accuracy as the run measures it, held to the
-    original's share - lethe-max-fit-drop; with the bound at 1 nothing is asked."""
-    results, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor")
+    original's share - guard-fit-drop; with the bound at 1 nothing is asked."""
+    results, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **ROBUST)
     utility = results["method"]["utility"]
     assert "passes" not in results["method"]  # the unlearned model is pass 1's restored model
     assert utility["retained_fit"] == pytest.approx(results["models"]["unlearned"]["retain_acc"])
     assert utility["fit_bound"] == pytest.approx(results["models"]["original"]["retain_acc"] - 0.05)
     assert utility["broken"] is (utility["retained_fit"] < utility["fit_bound"] or utility["retain_loss"] >
                                  utility["bound"])
-    off, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **{"lethe-max-fit-drop": 1.0})
+    off, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **ROBUST,
+                    **{"guard-fit-drop": 1.0})
     assert "retained_fit" not in off["method"]["utility"]
 
 

@@ -11,6 +11,7 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from server_app import history
 from server_app.inprocess import run_inprocess
+from strategies.common.fedavg_rounds import recorded_lr
 from strategies.federaser.maths import calibrate
 
 
@@ -43,6 +44,12 @@ def test_history_keeps_every_interval_th_round_by_client_and_round_trips(tmp_pat
     loaded, on_disk = history.load(str(tmp_path), "0123456789abcdef", 2)
     assert on_disk == size > 0 and torch.equal(loaded[1]["clients"][2]["w"], torch.full((2,), -1.0))
     assert history.load(str(tmp_path), "0123456789abcdef", 1) is None  # another interval: not this history
+
+
+def test_a_replay_reads_each_recorded_rounds_lr_and_the_runs_elsewhere():
+    """A history round keeps the lr it trained at (``lr-schedule``); one without it reads the run's."""
+    lr = recorded_lr({1: {"lr": 0.05}, 7: {"lr": 0.025}, 3: {}}, 0.1)
+    assert (lr(1), lr(7), lr(3), lr(4)) == (0.05, 0.025, 0.1, 0.1)
 
 
 def test_federaser_unlearns_from_the_history_its_pretraining_kept(tmp_path):

@@ -13,6 +13,7 @@ from strategies.fedup.maths import (
     classical_sigma,
     epsilon_spent,
     paper_eq22_epsilon,
+    resolve_delta,
     validate_centroid_upload,
 )
 
@@ -57,6 +58,39 @@ def test_centroid_sensitivity_bounds():
         centroid_sensitivity(1.0, [1], bound="tight")
     with pytest.raises(ValueError, match="counts"):
         centroid_sensitivity(1.0, [0, 2])
+
+
+def test_eq21_sensitivity_is_the_diameter_over_the_client_count():
+    # paper eq. 21: max_{p,q} ||d_p - d_q|| / n_i, n_i the client's released samples (the counts' sum)
+    assert centroid_sensitivity(math.inf, [5, 3, 2], bound="eq21", diameter=4.0) == pytest.approx(0.4)
+    assert centroid_sensitivity(1.0, [5, 3, 2], bound="eq21", diameter=4.0) == pytest.approx(0.4)  # clip unused
+    for diameter in (None, 0.0, math.inf):
+        with pytest.raises(ValueError, match="diameter"):
+            centroid_sensitivity(math.inf, [5], bound="eq21", diameter=diameter)
+
+
+@pytest.mark.parametrize("bound", ["fixed-clusters", "any-clustering"])
+def test_clip_bounds_need_a_finite_clip(bound):
+    with pytest.raises(ValueError, match="fedup-clip"):
+        centroid_sensitivity(math.inf, [5, 3], bound=bound)
+
+
+def test_delta_zero_means_one_over_the_client_count():
+    assert resolve_delta(0.0, 250) == pytest.approx(1 / 250)
+    assert resolve_delta(1e-5, 250) == 1e-5
+    with pytest.raises(ValueError, match="n >= 2"):
+        resolve_delta(0.0, 1)
+
+
+def test_paper_setting_gives_the_papers_scale_of_noise():
+    """epsilon 10 at delta 1/n_i and eq. 21's sensitivity: sigma is a fraction of the sensitivity, and the
+    analytic Gaussian asks for at least the paper's classical sigma (which is not valid above epsilon 1)."""
+    n, diameter = 200, 30.0
+    sensitivity = centroid_sensitivity(math.inf, [n], bound="eq21", diameter=diameter)
+    sigma = calibrate_sigma(10.0, resolve_delta(0.0, n), sensitivity)
+    assert sigma >= classical_sigma(10.0, 1 / n, sensitivity)
+    assert 0.2 * sensitivity < sigma < 0.5 * sensitivity
+    assert paper_eq22_epsilon(sigma, n, sensitivity) < 10.0 < paper_eq22_epsilon(0.5 * sigma, n, sensitivity)
 
 
 @pytest.mark.parametrize(

@@ -131,8 +131,8 @@ def test_each_ascent_step_moves_the_adapter_by_lr():
 
 def test_a_saturated_model_is_still_ascended_along_its_label_margin():
     """Every forget sample is class 0 with a logit lead of 200: the float32 cross-entropy is 0 and its
-    gradient exactly 0 (seed 34, 10 clients alpha 0.5, client backdoor: amplify could not move). The
-    ascent then lowers the label's margin instead, by lr per step, and the margin shrinks."""
+    gradient exactly 0. The bounded ascent (guard-bounded-ascent) then lowers the label's margin
+    instead, by lr per step, and the margin shrinks; the paper's plain ascent has nothing to follow."""
     model = with_adapter()
     with torch.no_grad():
         model.head.bias.copy_(torch.tensor([200.0, 0.0, 0.0]))
@@ -147,7 +147,9 @@ def test_a_saturated_model_is_still_ascended_along_its_label_margin():
 
     assert forget_loss(model, x, y) == 0.0
     start = margin()
-    metrics = train_adapter_ascent(model, 0, (x, y), steps=5, lr=0.5, seed=3)
+    plain = train_adapter_ascent(model, 0, (x, y), steps=5, lr=0.5, seed=3)
+    assert plain["margin_steps"] == 0 and margin() == pytest.approx(start)
+    metrics = train_adapter_ascent(model, 0, (x, y), steps=5, lr=0.5, seed=3, max_loss=10.0)
     assert metrics["steps"] == 5 and metrics["margin_steps"] == 5 and metrics["stopped_early"] == 0
     assert margin() < start - 0.1
 

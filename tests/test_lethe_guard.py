@@ -7,6 +7,7 @@ the next scripted (forget loss, retained loss) and streams that make each applie
 """
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from flwr.app import ArrayRecord
 
 from strategies.common.base import UnlearnContext
 from strategies.common.federation import Federation, RunStopped
-from strategies.lethe.settings import scenario_setting
+from strategies.lethe.settings import FORGET_SET_STREAM
 from strategies.lethe.strategy import Lethe
 from strategies.lethe.maths import OVERSHOOT, rectify_verdict, scale_update
 from tasks.config import parse_config
@@ -36,7 +37,7 @@ def test_verdicts_and_their_precedence():
     # no retained report: the utility check cannot be made, the forget checks still are
     assert rectify_verdict(1.0, 12.0, None, None, 0.5) == "go"
     assert rectify_verdict(40.0, 12.0, None, None, 0.5) == "overshoot"
-    assert rectify_verdict(40.0, math.inf, None, None, 0.5) == "go"  # lethe-stop-loss=inf never overshoots
+    assert rectify_verdict(40.0, math.inf, None, None, 0.5) == "go"  # guard-stop-loss=inf never overshoots
 
 
 def test_scale_update_only_shortens():
@@ -56,9 +57,6 @@ class ScriptedLethe(Lethe):
 
     def _forget_accuracy(self, ctx, state, round_no):
         return self.forget_accs.pop(0) if self.forget_accs else 0.0
-
-    def _forget_eval(self, ctx, state, round_no):  # (forget accuracy, clean target share): never at it
-        return self.client_evals.pop(0) if getattr(self, "client_evals", None) else (1.0, 0.0)
 
     def _streams(self, ctx, state, plugins, *, round_no, stop_loss=None, **config):
         forget_loss, retain_loss, *before = self.script.pop(0)  # before: the retained loss-before, if not the loss
@@ -85,9 +83,9 @@ class Linear(torch.nn.Module):
 
 def rectify(script, rounds=5, forget_delta=-1.0, start=0.0, retain_delta=1.0, forget_accs=(), later_pass=False,
             **overrides):
-    # the base bounds (0.5 nats): the client scenario's own apply to its widened forget stream only
-    cfg = parse_config({"method": "lethe", "scenario": "client", "lethe-rectify-rounds": rounds,
-                        "lethe-step-clip": 1.0, "lethe-client-forget-stream": "forget-set", **overrides})
+    # the base bounds (0.5 nats), not the client scenario's own
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "client", "lethe-rectify-rounds": rounds,
+                        "guard-step-clip": 1.0, "guard-retain-rise": 0.5, **overrides})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -109,8 +107,7 @@ def test_the_start_loss_is_read_on_the_backbone_before_training():
     """Rectification's first round has the retained clients also report their loss of the received
     model with the temporary adapter bypassed (``start_retain_loss``): restore's models are judged by
     that measure. Their training loss in that round, with the adapter on, is the rectify guard's own
-    reference (``baseline_retain_loss``); measured (seed 14, 10 clients alpha 0.5, sample) it was
-    0.368 on an original with retained accuracy 0.997."""
+    reference (``baseline_retain_loss``)."""
     _, _, guard, lethe, _ = rectify([(1.0, 0.37, 0.01), (5.0, 0.37), (15.0, 0.37)])
     assert guard["baseline_retain_loss"] == pytest.approx(0.37) and guard["start_retain_loss"] == pytest.approx(0.01)
     assert [c.get("report-loss-before") for c in lethe.configs] == ["retain", None, None]
@@ -134,7 +131,7 @@ def test_overshoot_that_no_halving_fixes_is_rolled_back():
 
 
 def test_lost_retained_utility_rolls_the_step_back():
-    # retained loss 0.2 on the start, 0.9 after round 2's step (+0.7 > lethe-max-retain-rise 0.5)
+    # retained loss 0.2 on the start, 0.9 after round 2's step (+0.7 > guard-retain-rise 0.5)
     weight, history, guard, _, rounds = rectify([(1.0, 0.2), (5.0, 0.2), (6.0, 0.9)])
     assert weight == 1.0 and guard["action"] == "rolled-back" and guard["verdict"] == "utility"
     assert guard["round"] == 2 and history[-1]["verdict"] == "utility" and rounds == 3
@@ -142,14 +139,14 @@ def test_lost_retained_utility_rolls_the_step_back():
     weight, _, guard, _, _ = rectify([(1.0, 0.2), (5.0, 0.2), (15.0, 2.3)])
     assert weight == 1.0 and guard["verdict"] == "utility"
     # a looser bound accepts it
-    weight, _, guard, _, _ = rectify([(1.0, 0.2), (5.0, 0.2), (15.0, 2.3)], **{"lethe-max-retain-rise": 3.0})
+    weight, _, guard, _, _ = rectify([(1.0, 0.2), (5.0, 0.2), (15.0, 2.3)], **{"guard-retain-rise": 3.0})
     assert weight == 2.0 and guard["action"] == "none"
 
 
 def test_a_first_step_that_costs_utility_is_halved_not_rolled_back():
-    """Rolling back a pass's first step would end the pass where it began (seed 165, 7 clients alpha
-    0.1, sample, lr 0.02: four passes, each rolled back in round 1, U-KR 1.000). Its half keeps the
-    retained loss in bound here and rectification goes on from it to the stop."""
+    """Rolling back a pass's first step would end the pass where it began, and every verify pass would
+    take the same step again. Its half keeps the retained loss in bound here and rectification goes
+    on from it to the stop."""
     weight, history, guard, lethe, rounds = rectify([(1.0, 0.2), (2.0, 0.9), (1.5, 0.3), (5.0, 0.2),
                                                      (15.0, 0.2)])
     assert weight == 1.5 and guard["action"] == "none" and history[-1]["stopped"] is True
@@ -169,8 +166,8 @@ def test_non_finite_report_is_repaired_not_applied():
 
 
 def test_a_shortened_step_short_of_the_stop_lets_rectification_go_on():
-    """Seed 15, 7 clients alpha 0.1, client: four rounds at forget loss 0, then a step to 84 nats whose
-    half gives 0.0003 — stopping there forgets nothing. The half is kept and rectification goes on:
+    """Four rounds at forget loss 0, then a step to 84 nats whose half gives 0.0003 — stopping there
+    forgets nothing. The half is kept and rectification goes on:
     the next round (8 nats on the shortened model) takes one more step, the one after reaches the stop."""
     weight, history, guard, lethe, rounds = rectify([(0.0, 0.2), (0.0, 0.2), (84.0, 0.2), (3e-4, 0.2),
                                                      (3e-4, 0.2), (15.0, 0.2)])
@@ -181,7 +178,7 @@ def test_a_shortened_step_short_of_the_stop_lets_rectification_go_on():
 
 def test_a_step_that_would_be_non_finite_is_never_applied():
     # unclipped, the step -forget = +2e38 takes a weight of 2e38 past float32's largest value
-    weight, history, guard, _, _ = rectify([(1.0, 0.2)], forget_delta=-2e38, start=2e38, **{"lethe-step-clip": 0.0})
+    weight, history, guard, _, _ = rectify([(1.0, 0.2)], forget_delta=-2e38, start=2e38, **{"guard-step-clip": 0.0})
     assert weight == pytest.approx(2e38) and guard["action"] == "refused" and history[-1]["verdict"] == "explode"
 
 
@@ -200,8 +197,8 @@ def test_round_cap_leaves_the_last_step_for_restore_to_check():
 def test_restore_rolls_back_an_unchecked_last_step_that_overshot():
     """The round cap ended rectification: restore's first round reports the forget loss of the last
     step's model; past 3x the stop it is rolled back and the round is run again from the model before."""
-    cfg = parse_config({"method": "lethe", "scenario": "client", "lethe-rectify-rounds": 2,
-                        "lethe-restore-rounds": 1, "lethe-client-forget-stream": "forget-set"})
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "client", "lethe-rectify-rounds": 2,
+                        "lethe-restore-rounds": 1, "guard-retain-rise": 0.5})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -222,7 +219,7 @@ def test_restore_rolls_back_an_unchecked_last_step_that_overshot():
 
 
 def test_a_restore_round_that_would_be_non_finite_is_not_applied():
-    cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 3})
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 3})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -245,7 +242,7 @@ def test_a_restore_round_that_would_be_non_finite_is_not_applied():
 def test_a_restore_step_that_costs_retained_utility_is_rolled_back():
     """Restore round 3's retained clients report 2.4 nats against 0.2 in round 1: round 2's step
     broke utility, so it is undone and restore stops (the model after round 1 is kept)."""
-    cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 4})
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 4})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -260,13 +257,12 @@ def test_a_restore_step_that_costs_retained_utility_is_rolled_back():
 
 def test_a_vanishing_retain_stream_does_not_stop_rectification():
     """The original fits the retained data: the retain stream is ~0 (1e-6 per weight) while the
-    forget stream is not. Clipped to the retain stream every step vanishes (no forgetting, measured on
-    seed 11's backdoor); with the floor the bound is 0.1 x the forget stream (1 per weight)."""
+    forget stream is not. Clipped to the retain stream every step vanishes (no forgetting); with the floor the bound is 0.1 x the forget stream (1 per weight)."""
     weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="sample")
     assert weight == pytest.approx(0.1, rel=1e-4)
     weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6)  # client: the same floor
     assert weight == pytest.approx(0.1, rel=1e-4)
-    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, **{"lethe-clip-floor": 0.0})
+    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, **{"guard-clip-floor": 0.0})
     assert weight == pytest.approx(1e-6, rel=1e-3)
     # an ordinary retain stream (|retain| 1 > 0.1 |forget|) still sets the bound, as before
     weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)])
@@ -311,26 +307,23 @@ def test_the_lift_is_recorded_and_off_in_a_first_pass_of_the_class_scenario():
     _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="class")  # floor 0
     assert history[0]["retain_lift"] == 1.0
     _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="sample",
-                             **{"lethe-lift-retain": False})
+                             **{"guard-step-clip": 0.0})  # the step-clip guard off: no lift either
     assert history[0]["retain_lift"] == 1.0
 
 
 def test_a_verify_pass_lifts_the_vanishing_retain_stream_where_the_scenario_does_not():
-    """The class scenario has no floor (lethe-clip-floor-class 0): a first pass keeps the vanishing
+    """The recipe's class scenario has no floor (guard-clip-floor 0): a first pass keeps the vanishing
     stream; a verify pass starts from a restored model that fits the retained data, so it lifts to
-    lethe-verify-lift x |forget| (seed 50, 7 clients alpha 0.1, class: |retain| / |forget| 1e-4,
-    ten rounds moved the forget loss from 3.8 to 5.1 against a stop of 15.8)."""
+    VERIFY_LIFT x |forget|."""
     script = [(1.0, 0.2), (15.0, 0.2)]
     _, first, *_ = rectify(script, retain_delta=1e-6, scenario="class")
     _, later, *_ = rectify(script, retain_delta=1e-6, scenario="class", later_pass=True)
     assert first[0]["retain_lift"] == 1.0
     assert later[0]["retain_lift"] == pytest.approx(0.1 * 1.0 / 1e-6, rel=1e-3)
-    _, later, *_ = rectify(script, retain_delta=1e-6, scenario="class", later_pass=True, **{"lethe-verify-lift": 0.0})
-    assert later[0]["retain_lift"] == 1.0
-    # the sample scenario's own floor (0.1) is kept when it is the larger; with the lift off nothing is lifted
-    _, later, *_ = rectify(script, retain_delta=1e-6, scenario="sample", later_pass=True, **{"lethe-verify-lift": 0.05})
-    assert later[0]["retain_lift"] == pytest.approx(0.1 * 1.0 / 1e-6, rel=1e-3)
-    _, later, *_ = rectify(script, retain_delta=1e-6, later_pass=True, **{"lethe-lift-retain": False})
+    # the sample scenario's own floor is kept when it is the larger; with the step-clip guard off nothing is lifted
+    _, later, *_ = rectify(script, retain_delta=1e-6, scenario="sample", later_pass=True, **{"guard-clip-floor": 0.3})
+    assert later[0]["retain_lift"] == pytest.approx(0.3 * 1.0 / 1e-6, rel=1e-3)
+    _, later, *_ = rectify(script, retain_delta=1e-6, later_pass=True, **{"guard-step-clip": 0.0})
     assert later[0]["retain_lift"] == 1.0
 
 
@@ -341,8 +334,6 @@ def test_the_stop_waits_until_the_forget_set_is_off_its_label():
     weight, history, guard, _, rounds = rectify(script, forget_accs=[0.2, 0.0], scenario="sample")
     assert weight == 2.0 and rounds == 3 and history[-1]["stopped"] is True
     assert history[1]["forget_acc"] == 0.2 and history[-1]["forget_acc"] == 0.0
-    weight, history, *_ = rectify(script[:2], forget_accs=[0.2], scenario="sample", **{"lethe-stop-forget-acc": 1.0})
-    assert weight == 1.0 and "forget_acc" not in history[-1]  # 1 = the old rule, no evaluate message
     # the client scenario asks too: its forget set holds no sample of the target class
     weight, history, *_ = rectify(script, forget_accs=[0.2, 0.0])
     assert weight == 2.0 and history[1]["forget_acc"] == 0.2
@@ -354,7 +345,7 @@ def test_restore_keeps_the_model_the_retained_clients_rate_best():
     step 3: the model after step 2 is kept. Neither the model before any restore step nor the one
     after a single step is a candidate where restore took more (restore makes forgetting last); a
     non-finite report is never chosen."""
-    cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 3})
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 3})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -372,25 +363,26 @@ def test_restore_keeps_the_model_the_retained_clients_rate_best():
     final = ScriptedLethe([(1.0, 0.05), (1.0, 0.3), (1.0, 0.35), (1.0, 0.25)]).restore_rounds(ctx, state, guard=guard)
     assert guard["restore_kept"] == 3 and final["lin.weight"][0, 0].item() == 3.0
     # a restore of one round has one candidate: the model after its step, however low the start's loss
-    cfg1 = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 1})
+    cfg1 = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 1})
     ctx1 = UnlearnContext(fed, cfg1, None, model_factory=lambda plugins: Linear(), retrain=None)
     guard = {}
     final = ScriptedLethe([(1.0, 0.05), (1.0, 0.3)]).restore_rounds(ctx1, state, guard=guard)
     assert guard["restore_kept"] == 1 and final["lin.weight"][0, 0].item() == 1.0
 
 
-def test_restore_goes_on_while_no_restored_model_is_near_the_start():
+def test_restore_goes_on_while_no_restored_model_is_near_the_start(monkeypatch):
     """Target 0.02 (the retained clients' loss of the model rectification started from, received and
-    untrained, as restore's reports read each model) + ``lethe-restore-target-rise`` 0.05; their
-    training loss with the adapter on (``reference``, 0.5 here) does not move it.
-    Two restore rounds leave 0.6 and 0.5 (seed 11, 7 clients alpha 0.1, class: five rounds swung to
-    2.6 and 4.3 and the best kept 0.54): extra rounds follow, each judged by the next round's reports
-    and each applying half its update (the scripted retain update is +1), until one model is at
-    0.05 <= 0.07; that model is kept and restore stops there. With at most one extra round, 0.3 is the
-    best it reaches (its report comes from a round without training)."""
+    untrained, as restore's reports read each model) + a target rise of 0.05 here; their training
+    loss with the adapter on (``reference``, 0.5 here) does not move it. Two restore rounds leave 0.6
+    and 0.5: extra rounds follow, each judged by the next round's reports and each applying half its
+    update (the scripted retain update is +1), until one model is at 0.05 <= 0.07; that model is kept
+    and restore stops there. With at most one extra round, 0.3 is the best it reaches (its report
+    comes from a round without training)."""
+    monkeypatch.setattr("strategies.lethe.restore.RESTORE_TARGET_RISE", 0.05)
+
     def run(script, extra, target=0.02):
-        cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 2,
-                            "lethe-restore-extra-rounds": extra, "lethe-restore-target-rise": 0.05})
+        cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 2,
+                            "guard-restore-extra-rounds": extra})
         fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
         fed.start_phase("unlearn")
         ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -410,29 +402,28 @@ def test_restore_goes_on_while_no_restored_model_is_near_the_start():
     # without a start loss read that way there is no target: no extra round
     weight, guard, rounds = run([(1.0, 0.3), (1.0, 0.6), (1.0, 0.5)], extra=10, target=None)
     assert weight == 2.0 and "restore_extra_rounds" not in guard and rounds == 3
-    # the model after a single step is no candidate, so it does not end them either (seed 106, 8 clients
-    # alpha 0.2, sample: 0.059 after step 1, 0.31-0.85 after steps 2-5, test accuracy 0.877 against 0.975)
+    # the model after a single step is no candidate, so it does not end them either
     weight, guard, rounds = run([(1.0, 0.3), (1.0, 0.06), (1.0, 0.5), (1.0, 0.05), (1.0, 0.2)], extra=10)
     assert weight == 2.5 and guard["restore_kept"] == 3 and guard["restore_extra_rounds"] == 1 and rounds == 4
 
 
 def restore_with_checkpoints(script, restore_rounds=1, search=0, search_rise=0.05):
-    cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": restore_rounds,
-                        "lethe-backbone-search": search, "lethe-backbone-search-rise": search_rise,
-                        "lethe-restore-extra-rounds": 0})
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": restore_rounds,
+                        "guard-restore-extra-rounds": 0})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
     lethe, guard = ScriptedLethe(script), {"action": "none"}
     def model(value):
         return {"lin.weight": torch.full((2, 2), value), "lin.bias": torch.full((2,), value)}
-    final = lethe.restore_rounds(ctx, model(2.0), guard=guard, checkpoints=[model(0.0), model(1.0)], reference=0.02)
+    with mock.patch.multiple("strategies.lethe.restore", WALK_BACK_SEARCH=search, WALK_BACK_SEARCH_RISE=search_rise):
+        final = lethe.restore_rounds(ctx, model(2.0), guard=guard, checkpoints=[model(0.0), model(1.0)], reference=0.02)
     return final["lin.weight"][0, 0].item(), guard, lethe.calls
 
 
 def test_a_backbone_broken_without_its_adapter_is_walked_back():
     """Rectification judged its steps through the adapter (retained loss 0.02); restore's first round
-    finds the adapter-free backbone at 4.4 nats (seed 12, class): one rectification step is undone, and
+    finds the adapter-free backbone at 4.4 nats: one rectification step is undone, and
     another while the backbone is still broken (3.0); the one before (0.05) is restored from."""
     weight, guard, calls = restore_with_checkpoints([(1.0, 4.4), (1.0, 3.0), (1.0, 0.05), (1.0, 0.05)])
     assert [w for _, w in calls] == [2.0, 1.0, 0.0, 1.0] and weight == 1.0
@@ -446,7 +437,7 @@ def test_the_walk_back_keeps_the_largest_fraction_of_the_undone_step_that_passes
     """The walk-back undid the step 1 -> 2 (4.4 nats; the checkpoint 1 gives 0.05 <= 0.02 + 0.5).
     Bisection (3 probes, each one round): x 1/2 (weight 1.5) passes, x 3/4 (1.75) fails, x 5/8 (1.625)
     passes: restore goes on from 1.625 (+1 from its round), and 1 is a checkpoint again for a retry.
-    A probe passes at most lethe-backbone-search-rise above the checkpoint's 0.05 (and within 0.02 + 0.5)."""
+    A probe passes at most WALK_BACK_SEARCH_RISE above the checkpoint's 0.05 (and within 0.02 + 0.5)."""
     script = [(1.0, 4.4), (1.0, 0.05), (1.0, 0.3), (1.0, 0.9), (1.0, 0.4), (1.0, 0.4)]
     weight, guard, calls = restore_with_checkpoints(script, search=3, search_rise=0.5)  # bound min(0.52, 0.55)
     assert [w for _, w in calls] == [2.0, 1.0, 1.5, 1.75, 1.625, 2.625]
@@ -471,15 +462,16 @@ def test_a_restore_that_diverges_is_run_again_from_one_rectification_step_earlie
     0.2): its guard keeps round 0's model; with a retry, restore runs again from the checkpoint before
     the last rectification step (weight 1) and completes both rounds (1 + 2)."""
     def run(retries):
-        cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 2,
-                            "lethe-restore-retries": retries, "lethe-restore-extra-rounds": 0})
+        cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 2,
+                            "guard-restore-extra-rounds": 0})
         fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
         fed.start_phase("unlearn")
         ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
         lethe = ScriptedLethe([(1.0, 0.2), (1.0, 2.4), (1.0, 0.3), (1.0, 0.25), (1.0, 0.2)])
         model = lambda v: {"lin.weight": torch.full((2, 2), v), "lin.bias": torch.full((2,), v)}  # noqa: E731
         guard = {"action": "none", "baseline_retain_loss": 0.02}
-        final = lethe._restore_with_retries(ctx, model(2.0), None, guard, [model(0.0), model(1.0)])
+        with mock.patch("strategies.lethe.restore.RESTORE_RETRIES", retries):
+            final = lethe._restore_with_retries(ctx, model(2.0), None, guard, [model(0.0), model(1.0)])
         return final["lin.weight"][0, 0].item(), guard
 
     weight, guard = run(0)
@@ -491,22 +483,22 @@ def test_a_restore_that_diverges_is_run_again_from_one_rectification_step_earlie
 
 def restore_bounded(script, start_loss=0.02):
     """Restore (two rounds, no extra round, no retry) held to the retained clients' ``start_loss`` on
-    the original + 0.5 (``lethe-max-retain-rise``)."""
-    cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 2,
-                        "lethe-restore-retries": 0, "lethe-restore-extra-rounds": 0})
+    the original + 0.5 (``guard-retain-rise``)."""
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 2,
+                        "guard-restore-extra-rounds": 0})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
     lethe, guard = ScriptedLethe(script), {"action": "none", "start_retain_loss": start_loss}
     state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
-    final = lethe.restore_within_bound(ctx, state, None, guard, [], start_loss)
+    with mock.patch("strategies.lethe.restore.RESTORE_RETRIES", 0):
+        final = lethe.restore_within_bound(ctx, state, None, guard, [], start_loss)
     return final["lin.weight"][0, 0].item(), guard, lethe.configs, cfg
 
 
 def test_a_restore_that_broke_utility_is_run_again_at_half_the_lr():
     """Each restore reports 3 times (start, after step 1, after step 2, untrained) and keeps the model
-    after step 2. At the run's lr it keeps one the retained clients rate at 0.65 > 0.02 + 0.5 (seed 24,
-    7 clients alpha 0.1, sample, cosine schedule: 2.6 against 0.094); again from the same backbone at
+    after step 2. At the run's lr it keeps one the retained clients rate at 0.65 > 0.02 + 0.5; again from the same backbone at
     half the lr (also the LLM task's llm-lr), 0.05: that restore is kept."""
     weight, guard, configs, cfg = restore_bounded([(1.0, 0.2), (1.0, 0.6), (1.0, 0.65),
                                                    (1.0, 0.2), (1.0, 0.1), (1.0, 0.05)])
@@ -530,29 +522,6 @@ def test_a_restore_that_broke_utility_is_run_again_at_half_the_lr():
     assert "restore_halvings" not in guard and len(configs) == 3
 
 
-def test_the_client_scenario_stops_where_the_backdoor_is_gone_not_beyond():
-    """Client backdoor: the backbone's share of the leaving client's data predicted as the target falls
-    0.6 -> 0.25 while 0.2 of its clean test data of the other classes is predicted as the target; at
-    0.25 > 0.2 rectification goes on, at 0.15 <= 0.2 it stops, long before the 12-nat loss stop."""
-    def run(**overrides):
-        cfg = parse_config({"method": "lethe", "scenario": "client", "poison": "backdoor",
-                            "lethe-rectify-rounds": 6, **overrides})
-        fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
-        fed.start_phase("unlearn")
-        ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
-        lethe = ScriptedLethe([(0.1, 0.2), (1.0, 0.2), (2.0, 0.2), (3.0, 0.2), (4.0, 0.2), (15.0, 0.2)])
-        lethe.client_evals = [(0.6, 0.2), (0.25, 0.2), (0.15, 0.2)]
-        state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
-        final, history, _ = lethe.rectify_rounds(ctx, state, [])
-        return final["lin.weight"][0, 0].item(), history
-
-    weight, history = run(**{"lethe-stop-at-reference-client": True})
-    assert weight == 3.0 and history[-1]["stopped"] is True
-    assert history[-1]["forget_acc"] == 0.15 and history[-1]["forget_reference"] == 0.2
-    weight, history = run()  # the default: off
-    assert weight == 5.0 and "forget_reference" not in history[-1]  # the loss stop, 5 steps
-
-
 class PassScriptedLethe(Lethe):
     """Lethe whose passes and forget-client evaluations are scripted: pass k returns a model whose
     weights are all k, and each check returns the next scripted counts."""
@@ -562,13 +531,13 @@ class PassScriptedLethe(Lethe):
         self.counts, self.guards, self.starts, self.offsets = list(counts), list(guards), [], []
         self.start_losses = []  # the original's retained loss each pass was given
         self.rises, self.later = [], []  # each pass's walk-back bound in effect and whether it was a verify pass
-        self.streams = []  # each pass's lethe-client-forget-stream
+        self.streams = []  # each pass's forget stream: whether it was narrowed to the forget set
 
     def one_pass(self, ctx, start_loss=None):
         self.start_losses.append(start_loss)
-        self.rises.append(scenario_setting(ctx.cfg, "lethe-max-backbone-rise"))
+        self.rises.append(ctx.cfg["guard-walk-back"])
         self.later.append(self.later_pass)
-        self.streams.append(ctx.cfg["lethe-client-forget-stream"])
+        self.streams.append("forget-set" if ctx.cfg.as_dict().get(FORGET_SET_STREAM) else "all-data")
         self.starts.append(float(ctx.original.arrays.to_torch_state_dict()["lin.weight"][0, 0]))
         self.offsets.append(self.round_offset)
         k = len(self.starts)
@@ -586,10 +555,8 @@ def verified(counts, scenario="class", guards=(), **overrides):
     """A scripted Lethe's result; the retry of an undone request is off unless ``overrides`` set it."""
     from strategies.common.base import ModelState
 
-    overrides.setdefault("lethe-retry-backbone-rise", 0.5)  # = lethe-max-backbone-rise: no retry
-    overrides.setdefault("lethe-retry-backbone-rise-client", 2.0)  # = its -client twin: no retry
-    overrides.setdefault("lethe-exact-share", 1.0)  # no federation here to read label counts from
-    cfg = parse_config({"method": "lethe", "scenario": scenario, "poison": "backdoor", **overrides})
+    overrides.setdefault("guard-retry-walk-back", 0.0)  # at most guard-walk-back: no retry
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": scenario, "poison": "backdoor", **overrides})
     ctx = UnlearnContext(None, cfg, ModelState(ArrayRecord({"lin.weight": torch.zeros(2, 2)})),
                          model_factory=lambda plugins: Linear(), retrain=None)
     lethe = PassScriptedLethe(counts, guards)
@@ -597,41 +564,13 @@ def verified(counts, scenario="class", guards=(), **overrides):
     return float(result.model.arrays.to_torch_state_dict()["lin.weight"][0, 0]), result.details, lethe
 
 
-def counts(known, n=100, target=0, test=30):
-    """Summed forget-client counts as ``Lethe._forget_counts`` returns them (``target`` of ``test``
-    clean samples of the other classes predicted as the backdoor target)."""
-    return {"forget-correct": known, "forget-n": n, "clean-hit": target, "clean-n": test}
-
-
-def test_the_clean_data_reference_leaves_out_the_target_class():
-    """The forget clients' reports are summed, and the reference share is taken over their clean test
-    samples whose true label is not the backdoor target: a true zero predicted as 0 is no backdoor."""
-    from types import SimpleNamespace
-
-    reports = [{"forget-correct": 4, "forget-n": 40, "pred-target-n": 5, "pred-target-correct": 3, "test-n": 30,
-                "test-target-n": 6},
-               {"forget-correct": 1, "forget-n": 10, "pred-target-n": 2, "pred-target-correct": 2, "test-n": 10,
-                "test-target-n": 4}]
-
-    class Fed:
-        def nodes_with(self, key):
-            return [1, 2]
-
-        def broadcast(self, nodes, kind, content, **kwargs):
-            return [SimpleNamespace(content={"metrics": r}) for r in reports]
-
-    cfg = parse_config({"method": "lethe", "scenario": "client", "poison": "backdoor"})
-    ctx = UnlearnContext(Fed(), cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
-    state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
-    assert Lethe()._forget_counts(ctx, state, 1) == {"forget-correct": 5, "forget-n": 50, "clean-hit": 2,
-                                                     "clean-n": 30}
-    assert Lethe()._forget_eval(ctx, state, 1) == pytest.approx((0.1, 2 / 30))
-    reports[1].pop("test-target-n")  # a task that does not report the counts: nothing is judged
-    assert Lethe()._forget_counts(ctx, state, 1) is None
+def counts(known, n=100):
+    """Summed forget-client counts as ``Lethe._forget_counts`` returns them."""
+    return {"forget-correct": known, "forget-n": n}
 
 
 def test_a_restored_model_that_still_knows_the_forget_set_gets_another_pass_from_it():
-    # class: 20 % of the forget set still predicted as its label (> lethe-verify-forget-acc 0.02)
+    # class: 20 % of the forget set still predicted as its label (> VERIFY_FORGET_ACC 0.02)
     weight, details, lethe = verified([counts(20), counts(1)])
     assert weight == 2.0 and details["kept_pass"] == 2 and lethe.starts == [0.0, 1.0]
     assert [c["known"] for c in details["forget_checks"]] == [True, False]
@@ -643,10 +582,10 @@ def test_a_restored_model_that_still_knows_the_forget_set_gets_another_pass_from
 @pytest.mark.parametrize("pass2_loss, kept", [(2.33, 1), (0.4, 2)])
 def test_a_later_pass_that_broke_utility_is_never_kept(pass2_loss, kept):
     # the retained clients' loss: 0.016 on the original; pass 2's restore keeps a model they rate at
-    # pass2_loss; lethe-max-retain-rise 0.5 => bound 0.516 (seed 26, 7 clients alpha 0.1, class: 2.33)
+    # pass2_loss; guard-retain-rise 0.5 => bound 0.516
     guards = [{"start_retain_loss": 0.016, "restore_losses": [0.3, 0.04], "restore_kept": 1},
               {"start_retain_loss": 0.014, "restore_losses": [0.25, 3.7, pass2_loss], "restore_kept": 2}]
-    weight, details, lethe = verified([counts(86), counts(0)], guards=guards, **{"lethe-verify-passes": 2})
+    weight, details, lethe = verified([counts(86), counts(0)], guards=guards, **{"guard-verify-passes": 2})
     utility = details["passes"][0]["utility"]
     assert utility["retain_loss"] == pass2_loss and utility["bound"] == pytest.approx(0.516)
     assert utility["broken"] is (kept == 1)
@@ -656,17 +595,17 @@ def test_a_later_pass_that_broke_utility_is_never_kept(pass2_loss, kept):
     assert details["kept_still_knows"] is (kept == 1)  # pass 1 still predicts 0.86 of the forget set
 
 
-def test_a_first_pass_that_broke_utility_keeps_the_original(caplog):
+def test_a_first_pass_that_broke_utility_is_reported_as_not_carried_out_with_its_own_model(caplog):
     """Pass 1's restore (after its halvings) kept a model rated 2.6 against the original's 0.094
-    (bound 0.594): the original model is returned, no check or further pass runs, and the log says
-    the request was not carried out. Within the bound, pass 1 is kept and its verdict recorded; a
-    later pass is held to the original's loss, not to its own start."""
+    (bound 0.594): that model, Lethe's own, is reported with the request not carried out; no check or
+    further pass runs. Within the bound, pass 1 is kept and its verdict recorded; a later pass is held
+    to the original's loss, not to its own start."""
     guards = [{"start_retain_loss": 0.094, "restore_losses": [0.13, 1.1, 2.6], "restore_kept": 2}]
     with caplog.at_level("WARNING", logger="fedunlearn"):
         weight, details, lethe = verified([counts(50)], guards=guards)
-    assert weight == 0.0 and details["kept_pass"] == 0 and lethe.counts == [counts(50)]  # never checked
+    assert weight == 1.0 and details["kept_pass"] == 1 and lethe.counts == [counts(50)]  # never checked
     assert details["utility"] == {"retain_loss": 2.6, "bound": pytest.approx(0.594), "broken": True}
-    assert "the original model is kept and the request is not carried out" in caplog.text
+    assert details["carried_out"] is False and "the request is not carried out" in caplog.text
     guards = [{"start_retain_loss": 0.094, "restore_losses": [0.13, 1.1, 0.5], "restore_kept": 2},
               {"start_retain_loss": 0.3, "restore_losses": [0.3, 0.2], "restore_kept": 1}]
     weight, details, lethe = verified([counts(50), counts(0)], guards=guards)
@@ -674,10 +613,9 @@ def test_a_first_pass_that_broke_utility_keeps_the_original(caplog):
 
 
 def test_a_restored_model_that_does_not_fit_the_retained_data_is_broken_within_the_loss_bound(caplog):
-    """Seed 208 (7 clients alpha 0.1, client, second machine): the kept model's retained loss 1.77 is
-    under the client scenario's 2-nat bound, yet it predicts 397 of the 1102 retained training labels
-    the original predicts all of: broken, so a first pass returns the original; a later pass that
-    does not fit is not kept (212: 787 of 1098)."""
+    """The kept model's retained loss 1.77 is under the client scenario's 2-nat bound, yet it predicts
+    397 of the 1102 retained training labels the original predicts all of: broken, so a first pass is
+    reported as not carried out; a later pass that does not fit is not kept (787 of 1098)."""
     from strategies.lethe.restore import pass_utility
 
     fit = {"original": 1.0, "restored": 397 / 1102}
@@ -694,7 +632,7 @@ def test_a_restored_model_that_does_not_fit_the_retained_data_is_broken_within_t
     guards = [{"start_retain_loss": 0.004, "restore_losses": [0.37, 0.4], "restore_kept": 1, "retained_fit": fit}]
     with caplog.at_level("WARNING", logger="fedunlearn"):
         weight, details, _ = verified([counts(0)], guards=guards)
-    assert weight == 0.0 and details["kept_pass"] == 0
+    assert weight == 1.0 and details["kept_pass"] == 1 and details["carried_out"] is False
     assert "labels of 0.360 of the retained training data predicted, bound 0.950" in caplog.text
     guards = [{"start_retain_loss": 0.004, "restore_losses": [0.37, 0.4], "restore_kept": 1,
                "retained_fit": {"original": 1.0, "restored": 0.99}},
@@ -720,7 +658,7 @@ def test_the_retained_fit_pools_the_clients_that_reported_on_both_models():
             return [SimpleNamespace(content={"metrics": reports[n]}, metadata=SimpleNamespace(src_node_id=n))
                     for n in nodes if n in reports]
 
-    cfg = parse_config({"method": "lethe", "scenario": "client", "poison": "backdoor"})
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "client", "poison": "backdoor"})
     ctx = UnlearnContext(Fed(), cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
     state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
     lethe = Lethe()
@@ -739,8 +677,8 @@ def test_a_restore_that_does_not_fit_the_retained_data_is_run_again_at_half_the_
         def retained_fit(self, ctx, state):
             return {"original": 1.0, "restored": self.fits.pop(0)}
 
-    cfg = parse_config({"method": "lethe", "scenario": "class", "lethe-restore-rounds": 2,
-                        "lethe-restore-retries": 0, "lethe-restore-extra-rounds": 0})
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 2,
+                        "guard-restore-extra-rounds": 0})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -755,7 +693,7 @@ def test_a_restore_that_does_not_fit_the_retained_data_is_run_again_at_half_the_
     assert guard["retained_fit"] == {"original": 1.0, "restored": 0.99}
     off = FitScripted([(1.0, 0.2), (1.0, 0.3), (1.0, 0.3)])
     off.fits = [0.36]
-    ctx = UnlearnContext(fed, parse_config({**cfg.as_dict(), "lethe-max-fit-drop": 1.0}), None,
+    ctx = UnlearnContext(fed, cfg.with_values({"guard-fit-drop": 1.0}), None,
                          model_factory=lambda plugins: Linear(), retrain=None)
     guard = {"action": "none", "start_retain_loss": 0.02}
     off.restore_within_bound(ctx, state, None, guard, [], 0.02)
@@ -763,23 +701,23 @@ def test_a_restore_that_does_not_fit_the_retained_data_is_run_again_at_half_the_
 
 
 def test_a_first_pass_that_forgot_is_kept_and_checked_once():
-    weight, details, lethe = verified([counts(2)])  # 0.02: at lethe-verify-forget-acc, not above it
+    weight, details, lethe = verified([counts(2)])  # 0.02: at VERIFY_FORGET_ACC, not above it
     assert weight == 1.0 and details["kept_pass"] == 1 and len(details["forget_checks"]) == 1
     assert details["kept_still_knows"] is False
-    assert "passes" not in details
+    assert "passes" not in details and details["carried_out"] is True
 
 
 def test_when_every_pass_still_knows_the_one_that_knows_least_is_kept(caplog):
     with caplog.at_level("WARNING", logger="fedunlearn"):
-        weight, details, _ = verified([counts(20), counts(30)], **{"lethe-verify-passes": 1})
+        weight, details, _ = verified([counts(20), counts(30)], **{"guard-verify-passes": 1})
     assert weight == 1.0 and details["kept_pass"] == 1 and details["kept_still_knows"] is True
     assert "the kept model (pass 1) still predicts 0.200 of the forget set" in caplog.text
-    weight, details, lethe = verified([counts(30), counts(20), counts(25)], **{"lethe-verify-passes": 2})
+    weight, details, lethe = verified([counts(30), counts(20), counts(25)], **{"guard-verify-passes": 2})
     assert weight == 2.0 and lethe.starts == [0.0, 1.0, 2.0] and len(details["forget_checks"]) == 3
 
 
 def test_by_default_up_to_three_more_passes_run_and_stop_at_the_first_that_passes():
-    """The default ``lethe-verify-passes`` (3): a backdoor still known after two more passes gets a
+    """The recipe's ``guard-verify-passes`` (3): a backdoor still known after two more passes gets a
     third, which is kept once its check passes; a model that still knows after the third is not
     passed on to a fourth."""
     weight, details, lethe = verified([counts(74), counts(51), counts(31), counts(1)])
@@ -789,12 +727,12 @@ def test_by_default_up_to_three_more_passes_run_and_stop_at_the_first_that_passe
     assert len(lethe.starts) == 4 and details["kept_pass"] == 4  # no fifth pass; the least known kept
 
 
-RETRY = {"lethe-retry-backbone-rise": 2.0, "lethe-verify-passes": 1}
+RETRY = {"guard-retry-walk-back": 2.0, "guard-verify-passes": 1}
 
 
 def test_an_attempt_that_left_the_request_undone_is_retried_from_the_original_with_the_looser_walk_back(caplog):
     """Both passes of the first attempt still know the forget set (0.90, 0.80): one more attempt
-    from the original, with lethe-max-backbone-rise 2; its pass 1 is a first pass (not a verify
+    from the original, with guard-walk-back 2; its pass 1 is a first pass (not a verify
     pass), its rounds are its own, and its model, which forgot, is kept."""
     with caplog.at_level("WARNING", logger="fedunlearn"):
         weight, details, lethe = verified([counts(90), counts(80), counts(0)], **RETRY)
@@ -804,7 +742,7 @@ def test_an_attempt_that_left_the_request_undone_is_retried_from_the_original_wi
     assert details["kept_still_knows"] is False and details["retry"] == {
         "backbone_rise": 2.0, "kept": True, "other": {"kept_pass": 2, "kept_still_knows": True,
                                                       "utility": details["utility"]}}
-    assert "one more attempt from the original with lethe-max-backbone-rise 2" in caplog.text
+    assert "one more attempt from the original with guard-walk-back 2" in caplog.text
 
 
 def test_where_neither_attempt_carries_the_request_out_the_one_that_knows_less_is_kept():
@@ -820,109 +758,94 @@ def test_a_first_pass_that_broke_utility_is_retried_and_the_retry_is_held_to_the
     broken = {"start_retain_loss": 0.094, "restore_losses": [0.13, 1.1, 2.6], "restore_kept": 2}
     fine = {"start_retain_loss": 0.094, "restore_losses": [0.13, 0.3, 0.2], "restore_kept": 2}
     weight, details, lethe = verified([counts(0)], guards=[broken, fine], **RETRY)
-    assert weight == 2.0 and details["retry"]["kept"] is True and details["retry"]["other"]["kept_pass"] == 0
+    assert weight == 2.0 and details["retry"]["kept"] is True and details["retry"]["other"]["kept_pass"] == 1
     weight, details, lethe = verified([], guards=[broken, broken], **RETRY)
-    assert weight == 0.0 and details["kept_pass"] == 0 and details["retry"]["kept"] is False  # the original
+    assert weight == 1.0 and details["kept_pass"] == 1 and details["retry"]["kept"] is False  # its own first model
+    assert details["carried_out"] is False
 
 
 def test_no_retry_where_the_request_was_carried_out_unjudged_or_the_retry_bound_is_not_looser():
     for scripted, overrides in (([counts(1)], RETRY), ([counts(90), counts(80)], {**RETRY,
-                                "lethe-retry-backbone-rise": 0.5}), ([None], RETRY)):
+                                "guard-retry-walk-back": 0.5}), ([None], RETRY)):
         weight, details, lethe = verified(scripted, **overrides)
         assert "retry" not in details and lethe.rises == [0.5] * len(lethe.starts)
 
 
-def test_the_client_scenario_widens_its_forget_stream_and_takes_its_own_bounds_only_where_it_does():
-    """Client scenario, vision task: the forget stream is all the leaving client's data and the bounds are
-    the -client twins; with lethe-client-forget-stream=forget-set, in another scenario, or on the LLM
-    task (whose client forget set is already all its records), neither."""
+def test_the_client_scenario_widens_its_forget_stream_and_the_recipe_gives_it_its_own_bounds():
+    """Client scenario, vision task: the forget stream is all the leaving client's data (the paper's
+    client-level stream) and the recipe's [scenario.client] bounds apply; narrowed by the stream
+    fallback, in another scenario, or on the LLM task (whose client forget set is already all its
+    records), the stream is the forget set."""
     from strategies.lethe.strategy import forget_data
 
     def bounds(**run):
-        cfg = parse_config({"method": "lethe", **run})
-        return (forget_data(cfg), *(scenario_setting(cfg, key) for key in (
-            "lethe-max-retain-rise", "lethe-max-backbone-rise", "lethe-retry-backbone-rise")))
+        cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", **run})
+        return (forget_data(cfg), *(cfg[key] for key in ("guard-retain-rise", "guard-walk-back",
+                                                          "guard-retry-walk-back")))
 
     assert bounds(scenario="client") == ({"forget-all-data": True}, 2.0, 2.0, 4.0)
-    assert bounds(scenario="client", **{"lethe-max-retain-rise-client": 1.5}) == (
-        {"forget-all-data": True}, 1.5, 2.0, 4.0)
-    assert bounds(scenario="client", **{"lethe-client-forget-stream": "forget-set"}) == ({}, 0.5, 0.5, 2.0)
+    assert bounds(scenario="client", **{"guard-retain-rise": 1.5}) == ({"forget-all-data": True}, 1.5, 2.0, 4.0)
     assert bounds(scenario="sample") == ({}, 0.5, 0.5, 2.0)
-    assert bounds(scenario="client", task="llm-tofu", **{"lethe-adapter-steps": 0}) == ({}, 0.5, 0.5, 2.0)
+    assert bounds(scenario="client", task="llm-tofu") == ({}, 0.5, 0.5, 2.0)
+    narrowed = parse_config({"method": "lethe", "scenario": "client"}).with_values({FORGET_SET_STREAM: True})
+    assert forget_data(narrowed) == {} and forget_data(parse_config({"method": "lethe", "scenario": "client"}))
 
 
 def test_the_client_scenarios_retry_loosens_the_bound_it_runs_under(caplog):
-    """The whole-data stream's retry reads its own key and raises the walk-back bound in effect: the
-    client twin (2.0 -> 3.0), not the base key; carried out, so no fallback."""
+    """The whole-data stream's retry raises the walk-back bound in effect (2.0 -> 3.0); carried out,
+    so no fallback."""
     with caplog.at_level("WARNING", logger="fedunlearn"):
         weight, details, lethe = verified([counts(90), counts(80), counts(0)], scenario="client",
-                                          **{**RETRY, "lethe-retry-backbone-rise-client": 3.0})
+                                          **{**RETRY, "guard-retry-walk-back": 3.0})
     assert lethe.rises == [2.0, 2.0, 3.0] and details["retry"]["kept"] is True
     assert "stream_fallback" not in details and lethe.streams == ["all-data"] * 3  # carried out: no fallback
-    assert "lethe-max-backbone-rise-client 3 (lethe-retry-backbone-rise-client)" in caplog.text
+    assert "guard-walk-back 3 (guard-retry-walk-back)" in caplog.text
 
 
 def test_the_fallback_runs_only_after_the_whole_data_retry_also_left_the_request_undone():
-    """The whole-data attempt (0.90, 0.80) and its retry at 4 nats, the default (0.75, 0.85), still
-    know the forget set: then the forget-set fallback (bound 0.5), which forgets and is kept; the
-    whole-data run it replaced is the retry's pass 1 (0.75 against the first attempt's 0.80)."""
+    """The whole-data attempt (0.90, 0.80) and its retry at 4 nats (0.75, 0.85) still know the forget
+    set: then the forget-set fallback, which forgets and is kept; the whole-data run it replaced is the
+    retry's pass 1 (0.75 against the first attempt's 0.80)."""
     weight, details, lethe = verified([counts(90), counts(80), counts(75), counts(85), counts(0)],
-                                      scenario="client", **{**RETRY, "lethe-retry-backbone-rise-client": 4.0})
-    assert lethe.streams == ["all-data"] * 4 + ["forget-set"] and lethe.rises == [2.0, 2.0, 4.0, 4.0, 0.5]
+                                      scenario="client", **{**RETRY, "guard-retry-walk-back": 4.0})
+    assert lethe.streams == ["all-data"] * 4 + ["forget-set"] and lethe.rises == [2.0, 2.0, 4.0, 4.0, 2.0]
     assert weight == 5.0 and details["kept_still_knows"] is False and "retry" not in details
-    assert details["stream_fallback"]["kept"] is True
+    assert details["stream_fallback"]["kept"] is True and details["carried_out"] is True
     assert details["stream_fallback"]["other"]["kept_pass"] == 1  # the whole-data retry's 0.75
 
 
 def test_a_request_the_whole_data_stream_left_undone_runs_again_with_the_forget_set_as_the_stream(caplog):
-    """Client scenario: the retry bound is not looser than the twin (no retry), both passes with all the
-    client's data still know the forget set (0.90, 0.80): the whole run again from the original with the
-    forget set as the stream, its bounds the base keys, its rounds its own; it forgets and is kept."""
+    """Client scenario, no retry: both passes with all the client's data still know the forget set
+    (0.90, 0.80): the whole run again from the original with the forget set as the stream, its rounds
+    its own; it forgets and is kept. Without guard-stream-fallback, the first attempt is reported as
+    not carried out."""
     with caplog.at_level("WARNING", logger="fedunlearn"):
         weight, details, lethe = verified([counts(90), counts(80), counts(0)], scenario="client", **RETRY)
     assert weight == 3.0 and lethe.starts == [0.0, 1.0, 0.0] and lethe.later == [False, True, False]
-    assert lethe.streams == ["all-data", "all-data", "forget-set"] and lethe.rises == [2.0, 2.0, 0.5]
+    assert lethe.streams == ["all-data", "all-data", "forget-set"]
     assert lethe.offsets[2] > lethe.offsets[1] > lethe.offsets[0] == 0
     assert "retry" not in details and details["kept_still_knows"] is False and details["stream_fallback"] == {
         "stream": "forget-set", "kept": True, "other": {"kept_pass": 2, "kept_still_knows": True,
                                                         "utility": details["utility"]}}
     assert "again from the original with its forget set as the stream" in caplog.text
+    weight, details, lethe = verified([counts(90), counts(80)], scenario="client",
+                                      **{**RETRY, "guard-stream-fallback": False})
+    assert weight == 2.0 and lethe.streams == ["all-data"] * 2 and details["carried_out"] is False
 
 
-def test_the_forget_set_stream_brings_its_own_retry_and_the_attempt_that_knows_least_is_kept():
-    """The fallback (forget set, bound 0.5) leaves the request undone (0.95, 0.97), so it retries with
-    lethe-retry-backbone-rise 2 (0.99, 0.98) and keeps its first attempt (0.95); the whole-data
-    attempt's 0.80 knows less, so that is the model kept."""
-    weight, details, lethe = verified([counts(k) for k in (90, 80, 95, 97, 99, 98)], scenario="client", **RETRY)
-    assert lethe.streams == ["all-data"] * 2 + ["forget-set"] * 4 and lethe.rises == [2.0, 2.0, 0.5, 0.5, 2.0, 2.0]
+def test_where_the_forget_set_stream_knows_more_the_whole_data_model_is_kept():
+    """The fallback (0.95, 0.97) knows more of the forget set than the whole-data attempt's 0.80."""
+    weight, details, lethe = verified([counts(k) for k in (90, 80, 95, 97)], scenario="client", **RETRY)
+    assert lethe.streams == ["all-data"] * 2 + ["forget-set"] * 2
     assert weight == 2.0 and details["kept_pass"] == 2 and details["stream_fallback"]["kept"] is False
     assert details["stream_fallback"]["other"]["kept_pass"] == 1  # the fallback's own pick: its pass 1 (0.95)
-    narrow = {**RETRY, "lethe-client-forget-stream": "forget-set", "lethe-retry-backbone-rise": 0.5}
-    _, details, lethe = verified([counts(90), counts(80)], scenario="client", **narrow)
-    assert "stream_fallback" not in details and "retry" not in details and lethe.streams == ["forget-set"] * 2
 
 
 def test_verify_off_or_unmeasurable_leaves_one_pass():
-    weight, details, lethe = verified([counts(90)], **{"lethe-verify-passes": 0})
+    weight, details, lethe = verified([counts(90)], **{"guard-verify-passes": 0})
     assert weight == 1.0 and "forget_checks" not in details and lethe.counts  # not even asked
     weight, details, _ = verified([None])  # a task without forget counts (LLM)
     assert weight == 1.0 and "forget_checks" not in details
-
-
-def test_the_client_check_allows_the_clean_data_reference_plus_a_one_sided_margin():
-    # reference 2/30; pooled p = 12/130; margin 1.645 * sqrt(p (1-p) (1/100 + 1/30)) = 0.099
-    reference, pooled = 2 / 30, 12 / 130
-    bound = reference + 1.645 * math.sqrt(pooled * (1 - pooled) * (1 / 100 + 1 / 30))
-    on = {"lethe-stop-at-reference-client": True}
-    _, details, _ = verified([counts(10, target=2)], scenario="client", **on)
-    check = details["forget_checks"][0]
-    assert check["bound"] == pytest.approx(bound) and check["reference"] == pytest.approx(reference)
-    assert not check["known"]
-    _, details, lethe = verified([counts(40, target=2), counts(8, target=2)], scenario="client", **on)
-    assert details["kept_pass"] == 2 and details["forget_checks"][0]["known"]
-    # by default the client scenario is checked like the others: 0.1 of the forget set is above 0.02
-    _, details, _ = verified([counts(10, target=2), counts(1, target=2)], scenario="client")
-    assert details["forget_checks"][0]["known"] and details["forget_checks"][0]["bound"] == 0.02
 
 
 def test_a_verify_pass_counts_its_stop_from_the_forget_loss_it_starts_at():
@@ -931,6 +854,6 @@ def test_a_verify_pass_counts_its_stop_from_the_forget_loss_it_starts_at():
     assert weight == 0.0 and history[0]["stopped"] is True and "stop_loss" not in guard
     weight, history, guard, *_ = rectify(script, later_pass=True)  # stop at 30 + 12, overshoot past 3 x 42
     assert weight == 2.0 and history[-1]["stopped"] is True and guard["stop_loss"] == pytest.approx(42.0)
-    # a verify pass rectifies the class down to lethe-verify-forget-acc (0.02), not to 0.05
+    # a verify pass rectifies the class down to VERIFY_FORGET_ACC (0.02), not to STOP_FORGET_ACC (0.05)
     weight, *_ = rectify(script + [(45.0, 0.2)], later_pass=True, forget_accs=[0.04, 0.01], scenario="class", rounds=4)
     assert weight == 3.0

@@ -241,7 +241,7 @@ def test_outputs_dir_that_is_a_file_stops_before_training(tmp_path):
     assert grid.sent_types == []
 
 
-@pytest.mark.parametrize("key", ["lr", "momentum", "dirichlet-alpha", "round-timeout", "fedup-clip"])
+@pytest.mark.parametrize("key", ["lr", "momentum", "dirichlet-alpha", "round-timeout", "fedup-alpha"])
 def test_infinite_settings_are_rejected(key):
     with pytest.raises(ConfigError) as info:
         parse_config({key: math.inf})
@@ -249,8 +249,8 @@ def test_infinite_settings_are_rejected(key):
 
 
 def test_documented_infinities_stay_allowed():
-    cfg = parse_config({"fedup-epsilon": math.inf, "firm-epsilon": math.inf, "lethe-stop-loss": math.inf})
-    assert all(math.isinf(cfg[k]) for k in ("fedup-epsilon", "firm-epsilon", "lethe-stop-loss"))
+    cfg = parse_config({"fedup-epsilon": math.inf, "firm-epsilon": math.inf, "guard-stop-loss": math.inf})
+    assert all(math.isinf(cfg[k]) for k in ("fedup-epsilon", "firm-epsilon", "guard-stop-loss"))
 
 
 @pytest.mark.parametrize("overrides, fragment", [

@@ -37,15 +37,43 @@ def test_a_method_owns_its_keys_and_another_methods_key_is_named_not_used():
 
 def test_preset_fills_what_the_user_left_and_an_explicit_key_wins():
     cfg = parse_config({"task": "llm-tofu", "method": "lethe"})
-    assert cfg["lethe-adapter-steps"] == 0 and cfg["lethe-gamma-mode"] == "clamp" and cfg["lethe-rectify-rounds"] == 5
-    assert cfg.presets["lethe-restore-mode"] == "fedavg"
+    assert cfg["lethe-adapter-steps"] == 0 and cfg.presets == {"lethe-adapter-steps": 0}
     mine = parse_config({"task": "llm-tofu", "method": "lethe", "lethe-rectify-rounds": 2})
     assert mine["lethe-rectify-rounds"] == 2 and "lethe-rectify-rounds" not in mine.presets
     off = parse_config({"task": "llm-tofu", "method": "lethe", "presets": False, "lethe-adapter-steps": 0})
-    assert off["lethe-gamma-mode"] == "upper" and off.presets == {}
+    assert off.presets == {}
     vision = parse_config({"method": "lethe"})
     assert vision["lethe-adapter-steps"] == 50  # Lethe's preset is the LLM task's only
     assert not any(k.startswith("lethe-") for k in vision.presets)
+
+
+def test_a_method_alone_is_its_paper_and_a_recipe_fills_its_keys_by_scenario_and_task_kind():
+    """No guard is on by default; ``recipe='lethe-robust'`` fills them (its [scenario.*] and
+    [task-kind.*] tables over its [settings]), records what it filled, and an explicit key wins."""
+    from strategies.common.guards import GUARD_SETTINGS
+
+    paper = parse_config({"method": "lethe", "scenario": "client"})
+    assert paper.recipe == "paper" and paper.recipe_settings == {}
+    assert all(paper[s.key] == s.default for s in GUARD_SETTINGS)
+    client = parse_config({"method": "lethe", "scenario": "client", "recipe": "lethe-robust"})
+    assert client.recipe == "lethe-robust" and client["guard-retain-rise"] == 2.0 and client["lethe-lr"] == 0.01
+    assert client.recipe_settings["guard-stop-loss"] == 12.0 and client["guard-verify-passes"] == 3
+    klass = parse_config({"method": "lethe", "scenario": "class", "recipe": "lethe-robust"})
+    assert klass["lethe-lr"] == 0.02 and klass["guard-step-clip"] == 5.0 and klass["guard-retain-rise"] == 0.5
+    llm = parse_config({"task": "llm-tofu", "method": "lethe", "scenario": "client", "recipe": "lethe-robust"})
+    assert llm["guard-gamma-rule"] == "clamp" and llm["guard-retain-rise"] == 0.5 and llm["lethe-adapter-steps"] == 0
+    mine = parse_config({"method": "lethe", "recipe": "lethe-robust", "guard-stop-loss": 20.0})
+    assert mine["guard-stop-loss"] == 20.0 and "guard-stop-loss" not in mine.recipe_settings
+    smoke = parse_config({"method": "lethe", "recipe": "lethe-robust", "smoke": True})
+    assert smoke["guard-restore-extra-rounds"] == 0 and "guard-restore-extra-rounds" not in smoke.recipe_settings
+
+
+def test_a_recipe_for_another_method_or_an_unknown_one_is_one_line():
+    with pytest.raises(ConfigError, match="'recipe'='lethe-robust' is for method lethe, not 'fedup'"):
+        parse_config({"method": "fedup", "recipe": "lethe-robust"})
+    allowed = "must be one of '' \\(none\\), fedup-robust, lethe-robust"
+    with pytest.raises(ConfigError, match=f"'recipe'='nope' is not allowed: {allowed}"):
+        parse_config({"method": "lethe", "recipe": "nope"})
 
 
 def test_smoke_shrinks_every_phase_but_keeps_explicit_keys():

@@ -15,7 +15,7 @@ from server_app.experiment import Experiment
 from server_app.inprocess import InProcessGrid
 from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite
 from strategies.common.federation import Federation
-from tasks.validity import constant_output, nonfinite_tensors, validity
+from tasks.validity import nonfinite_tensors, validity
 
 GOOD_ORIGINAL = {"test_acc": 0.93, "forget_acc": 0.66}
 RETRAIN = {"test_acc": 0.95, "forget_acc": 0.07}
@@ -161,22 +161,10 @@ def test_diverged_continued_training_ends_the_curve_and_is_flagged(tmp_path, mon
     assert row["ct_kr"] in ("", "nan") and row["rr"] in ("", "nan")  # no number from the dead model
 
 
-def test_constant_output_tells_a_dead_network_from_a_live_one():
-    from tasks.registry import task_for
-
-    task = task_for("digits-lenet5")
-    model = task.build_model(seed=3)
-    inputs = task.probe_inputs({"seed": 3})
-    assert not constant_output(model, inputs)
-    with torch.no_grad():  # every unit of the last hidden ReLU layer dead: the head's bias for all
-        model.features[10].weight.zero_()
-        model.features[10].bias.fill_(-1.0)
-    assert constant_output(model, inputs)
-
-
-def _killing_round(rounds: set[tuple[str, int]], attempts: int):
-    """``aggregate_train`` that zeroes the original's last hidden layer (a dead network) in the first
-    ``attempts`` plays of each (phase, round) of ``rounds``, and a record of every play's lr."""
+def test_a_dead_round_is_kept_and_flagged_never_played_again(tmp_path, monkeypatch):
+    """The references are plain FedAvg: a pretraining round whose aggregated model is a dead network (its
+    last hidden ReLU layer zeroed) is played once, its model is the original, and the validity block
+    flags that original; every phase trains exactly its configured rounds at the run's lr."""
     original_aggregate, original_configure = RoleFedAvg.aggregate_train, RoleFedAvg.configure_train
     plays: dict[tuple[str, int], list[float]] = {}
 
@@ -186,98 +174,23 @@ def _killing_round(rounds: set[tuple[str, int]], attempts: int):
 
     def aggregate(self, server_round, replies):
         arrays, metrics = original_aggregate(self, server_round, replies)
-        key = (self.fed.phase, server_round)
-        if key in rounds and len(plays[key]) <= attempts:
+        if (self.fed.phase, server_round) == ("pretrain", 2):
             state = arrays.to_torch_state_dict()
             state["features.10.weight"].zero_()
             state["features.10.bias"].fill_(-1.0)
             arrays = ArrayRecord(state)
         return arrays, metrics
 
-    return configure, aggregate, plays
-
-
-def test_a_collapsed_round_is_played_again_with_half_the_lr_and_said_in_results(tmp_path, monkeypatch):
-    configure, aggregate, plays = _killing_round({("pretrain", 1), ("retrain", 2), ("continue", 2)}, attempts=1)
     monkeypatch.setattr(RoleFedAvg, "configure_train", configure)
     monkeypatch.setattr(RoleFedAvg, "aggregate_train", aggregate)
     results = run(tmp_path, method="none", scenario="class", lr=0.04)
-    assert plays[("pretrain", 1)] == [0.04, 0.02] and plays[("pretrain", 2)] == [0.04]
-    assert plays[("retrain", 2)] == [0.04, 0.02] and plays[("continue", 2)] == [0.04, 0.02]
+    assert all(lrs == [0.04] for lrs in plays.values())
+    assert sorted(r for phase, r in plays if phase == "pretrain") == [1, 2]
+    assert sorted(r for phase, r in plays if phase == "retrain") == [1, 2]
+    assert sorted(r for phase, r in plays if phase == "continue") == [1, 2, 3]
     cost = results["cost"]
-    redo = {"lr": 0.02, "kept": True, "why": "collapsed"}
-    assert cost["pretrain"]["redone"] == [{"round": 1, **redo}] and cost["pretrain"]["rounds"] == 3
-    assert cost["retrain"]["redone"] == [{"round": 2, **redo}]
-    assert cost["continue"]["redone"] == [{"round": 2, **redo}] and "redone" not in cost["unlearn"]
-    assert results["validity"]["original_valid"], results["validity"]["reasons"]
-    assert len(results["resurfacing"]["kr_curve"]) == TINY["continue-rounds"]
-
-
-def test_a_round_flagged_at_every_lr_keeps_fedavgs_own_model(tmp_path, monkeypatch, caplog):
-    """Every play of pretraining round 2 is flagged: after lr/2, lr/4 and lr/8 the round is played
-    once more at its own lr and that model is kept (here the killed one, so the original is flagged)."""
-    configure, aggregate, plays = _killing_round({("pretrain", 2)}, attempts=99)
-    monkeypatch.setattr(RoleFedAvg, "configure_train", configure)
-    monkeypatch.setattr(RoleFedAvg, "aggregate_train", aggregate)
-    results = run(tmp_path, method="none", scenario="class", lr=0.04)
-    assert plays[("pretrain", 2)] == [0.04, 0.02, 0.01, 0.005, 0.04]
-    assert [(r["lr"], r["kept"]) for r in results["cost"]["pretrain"]["redone"]] == [
-        (0.02, False), (0.01, False), (0.005, False), (0.04, True)]
-    assert "every play was flagged: FedAvg's own model is kept" in caplog.text
-    assert "original_usable" in results["validity"]["failed"]
-
-
-def _diverging_clients(rounds: set[tuple[str, int]], attempts: int, monkeypatch):
-    """Federation.exchange whose training replies all report a last-epoch loss of 9 nats (ln 10 is
-    2.30) in the first ``attempts`` plays of each (phase, round) of ``rounds``; a record of the
-    highest loss every play of every round reported, as the server read it."""
-    original = Federation.exchange
-    plays: dict[tuple[str, int], list[float]] = {}
-
-    def exchange(self, messages, round_no=None, **kwargs):
-        replies = original(self, messages, round_no=round_no, **kwargs)
-        key = (self.phase, round_no)
-        trained = [r for r in replies if "metrics" in r.content and "loss" in r.content["metrics"]]
-        if key in rounds and len(plays.get(key, [])) < attempts:
-            for reply in trained:
-                reply.content["metrics"]["loss"] = 9.0
-        if trained:
-            plays.setdefault(key, []).append(max(float(r.content["metrics"]["loss"]) for r in trained))
-        return replies
-
-    monkeypatch.setattr(Federation, "exchange", exchange)
-    return plays
-
-
-def test_a_late_round_with_a_client_worse_than_chance_is_played_again(tmp_path, monkeypatch):
-    """A client whose loss on its own data rises by more than ln C in one of a phase's last two rounds
-    (rounds 3 and 4 of four of pretraining: 9 nats after about 1) has sent a blown-up update: each
-    such round is played again at half the lr and said in ``redone``. The same report in an earlier
-    round (retrain round 2) is left to the rounds after it, and a round that reports the same high
-    loss as the round before (retrain rounds 3 and 4: 9 nats after 9, as a short phase or data
-    without signal leave a client near chance) is no rise."""
-    plays = _diverging_clients({("pretrain", 3), ("pretrain", 4), ("retrain", 2), ("retrain", 3), ("retrain", 4)},
-                               attempts=1, monkeypatch=monkeypatch)
-    results = run(tmp_path, method="none", scenario="class", lr=0.04, **{"pretrain-rounds": 4, "continue-rounds": 0})
-    for late in (3, 4):
-        first, again = plays[("pretrain", late)]
-        assert first == 9.0 and again < math.log(10)
-    assert len(plays[("pretrain", 2)]) == 1
-    assert plays[("retrain", 2)] == [9.0]  # third from last: not judged
-    assert plays[("retrain", 3)] == plays[("retrain", 4)] == [9.0]  # 9 after 9: no rise, not played again
-    assert results["cost"]["pretrain"]["redone"] == [
-        {"round": r, "lr": 0.02, "kept": True, "why": "client diverged"} for r in (3, 4)]
-    assert "redone" not in results["cost"]["retrain"]
-
-
-def test_the_collapse_check_leaves_a_run_without_collapse_as_it_was(tmp_path, monkeypatch):
-    """A run whose models never collapse gives the same metrics with the check as without it (the
-    probe model is seeded by ``seed``, the original by another ``init-seed``)."""
-    with_check = run(tmp_path / "a", method="fedup", scenario="class", **{"init-seed": 5})
-    monkeypatch.setattr(Experiment, "collapse_check", lambda self, plugins=(): None)
-    without = run(tmp_path / "b", method="fedup", scenario="class", **{"init-seed": 5})
-    assert with_check["models"] == without["models"]
-    assert with_check["resurfacing"] == without["resurfacing"]
+    assert (cost["pretrain"]["rounds"], cost["retrain"]["rounds"], cost["continue"]["rounds"]) == (2, 2, 3)
+    assert "original_usable" in results["validity"]["failed"] and not results["validity"]["original_valid"]
 
 
 def _benchmark_module(name: str = "robustness_grid"):
@@ -373,13 +286,15 @@ def test_grid_reads_within_on_both_sides_and_keeps_the_one_sided_reading(tmp_pat
     assert "0/1 valid cells" in lines[0] and "not more than 0.03 below it: 1/1" in lines[0]
     assert "0/1 valid cells" in lines[-2] and "retain not more than 0.02 below: 1/1" in lines[-2]
     assert by["lethe"]["d_orig"] == pytest.approx(0.10)  # the original (0.95) is itself 0.10 above retrain
-    assert "more than 0.03 from retrain's test accuracy: 1/1; Lethe's test misses there: 1, elsewhere: 0" in lines[1]
+    assert ("more than 0.03 from retrain's test accuracy: 1/1; test misses of Lethe (paper) there: 1, elsewhere: 0"
+            in lines[1])
 
     outcomes["retrain"] = _fake_results(0.85, 0.0, 0.90, 0.0, original_test=0.86)  # an original near retrain
     outcomes["lethe"] = _fake_results(0.80, 0.0, 0.85, 0.0, original_test=0.86)  # below: misses both readings
     rows += grid.run_cell(12, 7, 0.1, "class", ["retrain", "lethe"], {})
     assert rows[-1]["holds"] is False and rows[-1]["no_worse"] is False and "MISS below" in rows[-1]["bar"]
-    assert "from retrain's test accuracy: 1/2; Lethe's test misses there: 1, elsewhere: 1" in grid.totals(rows)[1]
+    assert ("from retrain's test accuracy: 1/2; test misses of Lethe (paper) there: 1, elsewhere: 1"
+            in grid.totals(rows)[1])
     grid.write_outputs(str(tmp_path / "grid"), rows)
     again = grid.rejudge([str(tmp_path / "grid.csv")], {})
     assert [(r["method"], r["holds"], r["no_worse"] if "no_worse" in r else None) for r in again] == \
@@ -399,92 +314,87 @@ def _serve_by_seed(monkeypatch, grid, tmp_path, results_by_seed):
     monkeypatch.setattr(grid, "run_inprocess", fake_run)
 
 
-def test_grid_names_lethes_exact_fallback_and_counts_the_cells_lethe_rectified_apart(tmp_path, monkeypatch):
-    """A Lethe row whose result is retrain's own model (``method.exact_fallback``) meets its bars by
-    construction: the bar says so, ``exact`` names the classes, and the totals give the bars in the
-    cells Lethe rectified; saved rows judged again say the same."""
+def test_grid_runs_a_paper_and_its_recipe_as_two_rows_each_held_to_the_methods_bars(tmp_path, monkeypatch):
+    """``--methods retrain,lethe,lethe@lethe-robust``: the recipe's run gets ``recipe='lethe-robust'``,
+    its row says so (``recipe``), both Lethe rows are judged by Lethe's bars and counted apart in the
+    totals; a run that did not carry the request out says so beside its bar; there is no exact-fallback
+    column; saved rows (and a CSV from before the recipe column: the paper) judged again say the same."""
     grid = _benchmark_module()
-    exact = {**_fake_results(0.85, 0.0, 0.90, 0.0),
-             "method": {"exact_fallback": {"share": 0.8, "classes": {"1": 0.99}}}}
-    outcomes = {11: {"retrain": _fake_results(0.85, 0.0, 0.90, 0.0), "lethe": exact},
-                12: {"retrain": _fake_results(0.85, 0.0, 0.90, 0.0), "lethe": _fake_results(0.80, 0.0, 0.85, 0.0)}}
-    _serve_by_seed(monkeypatch, grid, tmp_path, outcomes)
-    rows = [r for seed in (11, 12) for r in grid.run_cell(seed, 7, 0.1, "sample", ["retrain", "lethe"], {})]
-    fallback, rectified = (r for r in rows if r["method"] == "lethe")
-    assert fallback["exact"] == "1:0.99" and fallback["bar"].endswith("(exact fallback: retrain's model)")
-    assert rectified["exact"] == "" and "exact" not in rectified["bar"] and rectified["holds"] is False
-    lines = grid.totals(rows)
-    assert "1/2 valid cells" in lines[0]
-    assert lines[1] == ("of them by Lethe's exact fallback (retrain's own model): 1; in the 1 cells Lethe "
-                        "rectified, the test bar holds in 0, U-KR and CT-KR in 1")
-    grid.write_outputs(str(tmp_path / "grid"), rows)
-    assert grid.totals(grid.rejudge([str(tmp_path / "grid.csv")], {})) == lines
-
-
-def _served_cells(grid, tmp_path, monkeypatch, scenario: str, built: str, fits: dict) -> list[dict]:
-    """The grid rows of cells ``(11|12, 7 clients, alpha 0.1, scenario)`` with retrain, Lethe and one draw,
-    each run answered instead of run (a draw runs as method retrain with an init-seed of its own): in
-    seed 11 the ``built`` model ('original' or 'retrain') of each row trained on as ``fits[method or
-    "draw"]`` says (``cost.built.<built>.fit``), in seed 12 none did."""
-    plain = _fake_results(0.95, 0.0, 0.99, 0.0)
-    outcomes = {11: {m: {**plain, "cost": {"built": {built: {"rounds": 60 + fit["rounds"], "fit": fit}}}}
-                     for m, fit in fits.items()}, 12: {m: plain for m in fits}}
+    configs = []
+    outcomes = {"retrain": _fake_results(0.85, 0.0, 0.90, 0.0), "lethe": _fake_results(0.86, 0.0, 0.90, 0.0),
+                "lethe-robust": {**_fake_results(0.70, 0.0, 0.80, 0.0), "method": {"carried_out": False}}}
 
     def fake_run(config, clients):
-        served = outcomes[config["seed"]]["draw" if "init-seed" in config else config["method"]]
-        folder = tmp_path / f"{config['seed']}-{config['method']}-{config.get('init-seed')}"
+        configs.append(dict(config))
+        name = config.get("recipe", config["method"])
+        folder = tmp_path / f"{config['seed']}-{name}"
         folder.mkdir(exist_ok=True)
-        (folder / "results.json").write_text(json.dumps(served))
+        results = {**outcomes[name], "run": {"recipe": config.get("recipe", "paper")}}
+        results["method"] = {**results.get("method", {}), "exact_fallback": {"share": 0.8, "classes": {"1": 0.9}}}
+        (folder / "results.json").write_text(json.dumps(results))
         return str(folder)
 
     monkeypatch.setattr(grid, "run_inprocess", fake_run)
-    return [r for seed in (11, 12) for r in grid.run_cell(seed, 7, 0.1, scenario, ["retrain", "lethe"], {},
-                                                          retrain_draws=2)]
-
-
-def test_grid_shows_where_the_retrain_oracle_trained_on_to_fit_and_counts_those_oracles(tmp_path, monkeypatch):
-    """``cost.built.retrain.fit`` (``Experiment.fit_oracle``) shows on the retrain rows (a draw's too) as
-    the fit before and after and the rounds it took, never on a method's row; the totals count such
-    oracles and those still not within; saved rows judged again say the same."""
-    grid = _benchmark_module()
-
-    def fit(start, kept, rounds, within=True):
-        return {"original": 0.99, "start": start, "kept": kept, "kept_round": rounds, "rounds": rounds,
-                "within": within}
-
-    rows = _served_cells(grid, tmp_path, monkeypatch, "class", "retrain", {
-        "retrain": fit(0.917, 0.995, 2), "lethe": fit(0.917, 0.995, 2), "draw": fit(0.90, 0.95, 3, within=False)})
-    shown = {(r["seed"], r["method"]): r["oracle_fit"] for r in rows}
-    assert shown == {(11, "retrain"): "0.917->0.995 (+2)", (11, "lethe"): "", (11, "retrain@init1011"):
-                     "0.900->0.950 (+3), not within", (12, "retrain"): "", (12, "lethe"): "", (12, "retrain@init1012"): ""}
-    line = "retrain oracles (draws included) trained on to fit their training data as the original: 2/4; " \
-           "still not within: 1"
-    assert line in grid.totals(rows)
+    rows = grid.run_cell(11, 7, 0.1, "class", ["retrain", "lethe", "lethe@lethe-robust"], {})
+    assert [(c["method"], c.get("recipe")) for c in configs] == [
+        ("retrain", None), ("lethe", None), ("lethe", "lethe-robust")]
+    paper, robust = (r for r in rows if r["method"] == "lethe")
+    assert (paper["recipe"], paper["holds"], paper["carried_out"]) == ("paper", True, None)
+    assert (robust["recipe"], robust["holds"], robust["carried_out"]) == ("lethe-robust", False, False)
+    assert robust["bar"].startswith("test+-0.03:MISS below") and robust["bar"].endswith("(not carried out)")
+    assert "| lethe | lethe-robust | NO |" in grid._markdown(robust)
+    assert "| lethe | paper | — |" in grid._markdown(paper)
+    assert "exact" not in grid.COLUMNS and not any("exact" in key for r in rows for key in r)
+    lines = grid.totals(rows)
+    assert lines[0].startswith("Lethe (paper) test_acc within 0.03 of retrain: 1/1 valid cells (holds")
+    assert "Lethe (lethe-robust) test_acc within 0.03 of retrain: 0/1 valid cells (MISSED" in "\n".join(lines)
+    assert "Lethe (lethe-robust) did not carry the request out in 1/1 valid cells" in "\n".join(lines)
+    assert not [x for x in lines if "exact" in x or "Lethe (paper) did not carry" in x]
     grid.write_outputs(str(tmp_path / "grid"), rows)
-    assert line in grid.totals(grid.rejudge([str(tmp_path / "grid.csv")], {}))
+    with open(tmp_path / "grid.csv", newline="") as handle:
+        saved = list(csv.DictReader(handle))
+    assert [(r["method"], r["recipe"], r["carried_out"]) for r in saved] == [
+        ("retrain", "paper", "—"), ("lethe", "paper", "—"), ("lethe", "lethe-robust", "NO")]
+    again = grid.rejudge([str(tmp_path / "grid.csv")], {})
+    assert [(r["method"], r["recipe"], r["holds"]) for r in again] == \
+        [(r["method"], r["recipe"], r["holds"]) for r in rows]
+    assert grid.totals(again) == lines
+    # a CSV from before the recipe and carried_out columns: its rows are the paper's
+    old = tmp_path / "old.csv"
+    with open(old, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[k for k in saved[0] if k not in ("recipe", "carried_out")])
+        writer.writeheader()
+        writer.writerows({k: v for k, v in r.items() if k in writer.fieldnames} for r in saved[:2])
+    assert [r["recipe"] for r in grid.rejudge([str(old)], {})] == ["paper", "paper"]
+    with pytest.raises(SystemExit, match="is not METHOD or METHOD@RECIPE"):
+        grid.run_cell(11, 7, 0.1, "class", ["retrain", "lethe@"], {})
 
 
-def test_grid_shows_where_the_original_trained_on_to_settle_and_counts_those_cells(tmp_path, monkeypatch):
-    """``cost.built.original.fit`` (``Experiment.settle_original``) shows on every row of its cell as the
-    reference fit, the fits before and after and the rounds; the totals count the cells (a draw's own
-    original apart) and those still not within; saved rows judged again say the same."""
+def test_grid_shows_a_flagged_rows_figures_marked_not_blanked(tmp_path, monkeypatch):
+    """A row of a cell whose original is invalid is judged by no bar, but its figures are shown beside
+    the flag (table) or its validity flags (CSV), never a bare dash or "flagged"; judged again, the same."""
     grid = _benchmark_module()
+    outcomes = {"retrain": _fake_results(0.95, 0.0, 0.99, 0.0, valid=False),
+                "lethe": _fake_results(0.61, 0.25, 0.97, 0.0, valid=False)}
 
-    def fit(start, kept, rounds, within=True):
-        return {"reference_round": 50, "reference": 0.993, "start": start, "kept": kept, "rounds": rounds,
-                "lr": 0.025, "within": within}
+    def fake_run(config, clients):
+        folder = tmp_path / config["method"]
+        folder.mkdir(exist_ok=True)
+        (folder / "results.json").write_text(json.dumps(outcomes[config["method"]]))
+        return str(folder)
 
-    rows = _served_cells(grid, tmp_path, monkeypatch, "sample", "original", {
-        "retrain": fit(0.963, 0.985, 6), "lethe": fit(0.963, 0.985, 6), "draw": fit(0.90, 0.95, 10, within=False)})
-    shown = {(r["seed"], r["method"]): r["original_fit"] for r in rows}
-    assert shown == {(11, "retrain"): "0.993: 0.963->0.985 (+6)", (11, "lethe"): "0.993: 0.963->0.985 (+6)",
-                     (11, "retrain@init1011"): "0.993: 0.900->0.950 (+10), not within", (12, "retrain"): "",
-                     (12, "lethe"): "", (12, "retrain@init1012"): ""}
-    line = "cells whose original trained on where its last rounds lost their fit: 1; still not within: 0"
-    assert line in grid.totals(rows)
-    grid.write_outputs(str(tmp_path / "grid"), rows)
-    assert line in grid.totals(grid.rejudge([str(tmp_path / "grid.csv")], {}))
-    assert not [x for x in grid.totals([{**r, "original_fit": ""} for r in rows]) if "lost their fit" in x]
+    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+    lethe = {r["method"]: r for r in grid.run_cell(12, 7, 0.1, "class", ["retrain", "lethe"], {})}["lethe"]
+    assert lethe["bar"].startswith("flagged") and lethe["holds"] is None and lethe["test_acc"] is None
+    line = grid._markdown(lethe)
+    assert "| 0.610 (flagged) |" in line and "| 0.250 (flagged) |" in line and "| 0.970 (flagged) |" in line
+    grid.write_outputs(str(tmp_path / "grid"), [lethe])
+    with open(tmp_path / "grid.csv", newline="") as handle:
+        saved = next(csv.DictReader(handle))
+    assert saved["test_acc"] == "0.61" and "original_usable" in saved["validity"].split(";")
+    again = grid.rejudge([str(tmp_path / "grid.csv")], {})[0]
+    assert again["holds"] is None and again["test_acc"] is None and again.get("d_test") is None  # no bar reads it
+    assert "| 0.610 (flagged) |" in grid._markdown(again)
 
 
 def test_grid_rejudge_gives_a_method_run_again_alone_its_cells_d_orig(tmp_path, monkeypatch):
@@ -544,9 +454,10 @@ def test_grid_judges_retrain_draws_by_lethes_bars_against_the_first_retrain(tmp_
     assert "U-KR and CT-KR within 0.05: 2/2; the draw's original within 0.03 of the grid's original: 1/2" in line
     assert line.endswith("class cells, retain within 0.02 (FedUP's bar): 1/2")  # 0.95 and 0.98 against 0.99
     assert by["lethe"]["holds"] is False  # 0.04 below the grid's retrain, but within 0.03 of draw 1011's 0.90
-    assert band == "Lethe test_acc within 0.03 of the grid's retrain or of a retrain draw: 1/1 valid cells with a draw"
+    assert band == ("Lethe (paper) test_acc within 0.03 of the grid's retrain or of a retrain draw: 1/1 valid cells "
+                    "with a draw")
     assert shape == ("7 clients alpha 0.1, both sides, same cells: Lethe's test within 0.03: retrain drawn again "
-                     "1/2 draws, Lethe 0/1 cells")  # the flagged draw is not counted
+                     "1/2 draws, Lethe (paper) 0/1 cells")  # the flagged draw is not counted
     # a cell whose every draw is flagged has no reference drawn again: it leaves the per-shape line alone
     more = rows + grid.run_cell(12, 7, 0.1, "class", ["retrain", "lethe"], {}, retrain_draws=2)
     assert [x for x in grid.totals(more) if "same cells" in x] == [shape]
@@ -625,16 +536,17 @@ def test_grid_states_the_facts_beside_every_miss_and_counts_them(tmp_path, monke
     assert by[(12, "lethe")]["miss_kinds"] == [] and by[(12, "fedup")]["context"] == ""
     assert by[(13, "lethe")]["holds"] is True
     assert by[(13, "lethe")]["context"] == "U-KR / CT-KR 0.000 / 0.300 against 0.000 / 0.000"
-    line = next(x for x in grid.totals(rows) if x.startswith("Lethe's test misses"))
-    assert line == ("Lethe's test misses: 2 above (original outside the tolerance: 1, a retrain draw misses on the "
+    line = next(x for x in grid.totals(rows) if x.startswith("test misses of Lethe (paper)"))
+    assert line == ("test misses of Lethe (paper): 2 above (original outside the tolerance: 1, a retrain draw misses "
+                    "on the "
                     "same side: 1, the leaving client holds most of a class: 0, within the tolerance outside those "
                     "classes: 0; none of these: 1)")
     # per shape, in the same cells, the reference drawn again beside the method (FedUP: class cells 11, 12)
     assert [x for x in grid.totals(rows) if "same cells" in x] == [
         "10 clients alpha 0.5, both sides, same cells: Lethe's test within 0.03: retrain drawn again 1/1 draws, "
-        "Lethe 1/1 cells",
+        "Lethe (paper) 1/1 cells",
         "7 clients alpha 0.1, both sides, same cells: Lethe's test within 0.03: retrain drawn again 2/3 draws, "
-        "Lethe 1/3 cells; FedUP's class bar: retrain drawn again 1/2 draws, FedUP 1/2 cells"]
+        "Lethe (paper) 1/3 cells; FedUP's class bar: retrain drawn again 1/2 draws, FedUP (paper) 1/2 cells"]
     grid.write_outputs(str(tmp_path / "grid"), rows)
     again = {(int(r["seed"]), r["method"]): r for r in grid.rejudge([str(tmp_path / "grid.csv")], {})}
     assert all(again[k]["context"] == r["context"] for k, r in by.items())
@@ -671,7 +583,7 @@ def test_grid_shows_the_test_accuracy_on_the_classes_the_leaving_client_holds(tm
         "outside those classes 0.967 against retrain's 0.964")
     assert "held_only" in rows[(21, "lethe")]["miss_kinds"]
     assert rows[(22, "lethe")]["held_test"] is None and rows[(22, "lethe")]["outside_held"] is None  # flagged
-    line = next(x for x in grid.totals(list(rows.values())) if x.startswith("Lethe's test misses"))
+    line = next(x for x in grid.totals(list(rows.values())) if x.startswith("test misses of Lethe (paper)"))
     assert "the leaving client holds most of a class: 1, within the tolerance outside those classes: 1" in line
     grid.write_outputs(str(tmp_path / "grid"), list(rows.values()))
     again = {(int(r["seed"]), r["method"]): r for r in grid.rejudge([str(tmp_path / "grid.csv")], {})}
@@ -728,4 +640,3 @@ def test_request_check_names_a_destroyed_a_weak_and_an_unlearned_original(tmp_pa
     row = check.check(3, 3, 1.0, 3, {"smoke": True}, str(tmp_path), 0.03)
     assert row["init_seed"] == 3 and 0.0 <= row["test_acc"] <= 1.0 and 0.0 <= row["clean_test_acc"] <= 1.0
     assert row["target_rate"] is not None and row["verdict"] in ("ok", "not learned", "below clean", "destroyed")
-    assert row["redone"] == row["clean_redone"] == 0  # nothing collapsed in this tiny run

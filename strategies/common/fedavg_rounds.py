@@ -94,8 +94,7 @@ def scheduled_lr(schedule: str, lr: float, rounds: int) -> Callable[[int], float
 
     ``cosine`` halves the step by mid-phase and ends near zero, so the last rounds move the model
     little: in a strongly non-IID federation (7 clients, Dirichlet 0.1) the last round of a constant
-    lr lands anywhere in a band about 0.1 wide of retained accuracy, decided by rounding
-    (``docs/fedup.md``, "Same seed, other machine")."""
+    lr lands anywhere in a band about 0.1 wide of retained accuracy, decided by rounding."""
     if schedule == "constant":
         return None
     if schedule == "cosine":
@@ -127,12 +126,6 @@ def _mean_loss(replies: list[Message]) -> dict:
     return {"loss": sum(loss * n for loss, n in pairs) / total} if total else {}
 
 
-#: how many times ``run_rounds`` plays a flagged round again, halving the clients' lr each time
-COLLAPSE_REDOS = 3
-#: how many of a phase's last rounds the chance check judges (``run_rounds``' ``chance_loss``)
-CHANCE_ROUNDS = 2
-
-
 def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, rounds: int,
                config: ConfigRecord, label: str, method: str,
                after_round: Callable[[int, ArrayRecord], None] | None = None,
@@ -140,88 +133,38 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
                on_replies: Callable[[int, ArrayRecord, list[Message], float | None], None] | None = None,
                aggregate: Callable[[list[Message]], ArrayRecord] | None = None,
                first_round: int = 1, measure_received=None,
-               round_lr: Callable[[int], float] | None = None,
-               collapsed: Callable[[ArrayRecord], bool] | None = None,
-               chance_loss: float | None = None) -> ArrayRecord:
+               round_lr: Callable[[int], float] | None = None) -> ArrayRecord:
     """``rounds`` rounds of configure -> exchange -> aggregate, numbered from ``first_round`` (a
     method that replays pretraining's later rounds keeps their numbers, hence their seeds); logs
-    progress with an ETA.
+    progress with an ETA. Each round is played once.
 
     Each aggregated model must be finite (:func:`require_finite`, ``method`` names the run's
     method in the error). ``after_round(r, arrays)`` runs after each round (used to measure
     forgetting per round); ``last_round_config`` adds keys to the last round's config only
     (pretraining asks the clients to keep their last local model); ``on_replies(r, sent, replies, lr)``
-    sees each round's global model, the client replies of the round's kept model and the lr they
-    trained at (pretraining's update history); ``aggregate(replies)``, when given, makes the round's
-    model instead of FedAvg's own (a method that trains its own original, e.g. Exact-Fun's quantised
-    FedAvg).
+    sees each round's global model, the client replies and the lr they trained at (pretraining's
+    update history); ``aggregate(replies)``, when given, makes the round's model instead of FedAvg's
+    own (a method that trains its own original, e.g. Exact-Fun's quantised FedAvg).
     ``measure_received``, when given, measures each round's model inside the next round
     (``attach(messages, arrays)`` adds to a round's messages, ``collect(replies)`` takes its share
     of the replies and returns the training replies): continued training's KR curve without an
     evaluation round between rounds. ``round_lr(r)``, when given, is round r's client ``lr``
     (:func:`scheduled_lr`).
-
-    ``collapsed(arrays)``, when given, flags an aggregated model that looks collapsed
-    (``Experiment.collapse_check``: the same output for every probe input). A flagged round is
-    played again from the same model with the clients' ``lr`` halved, up to :data:`COLLAPSE_REDOS`
-    times (the clients' seeds are the round's, so the same lr would give the same model), and the
-    first model not flagged is kept. If every play is flagged, the round is played once more at its
-    own lr and FedAvg's own model is kept: the flag then says more about the probe than about the
-    round (a model can answer noise alike and still work on the data). The phase's cost lists every
-    extra play (``redone``: round, lr, whether its model was kept, and ``why``: ``collapsed`` or
-    ``client diverged``). A run in which no round is flagged is the same as without the checks.
-
-    ``chance_loss`` (``ln C`` for C classes), when given, flags each of the phase's last
-    :data:`CHANCE_ROUNDS` rounds the same way where a client's reported ``loss`` (its last local
-    epoch's mean) rose by more than it since its report of the round before: its local run lost more
-    fit to its own data than a uniform guess has, so its update is a blown-up one, and too few rounds
-    are left to repair the average. Measured: 124's retrain oracle drawn from ``init-seed`` 1124 at
-    10 clients alpha 0.5, client scenario, took one such update in round 20 (last-epoch loss 8.77
-    against 0.05 the round before) and read test accuracy 0.511; 143's original at 10 clients alpha
-    0.5, sample scenario, took one in round 19 (2.40 against 0.000), and round 20, in which every
-    client's loss rose by 0.56-2.18 from that average, left it at 0.538. A rise, not a level: a short
-    phase (a smoke run's two rounds) or data without signal leaves every client near ``ln C``
-    without anything having blown up. A client with no report in the round before (a phase's first
-    round, a client not sampled) is not judged. Earlier rounds are not judged by it: FedAvg repaired
-    such spikes over later rounds in originals that ended at test accuracy 0.93-0.98 (seeds 89-91,
-    7 clients alpha 0.1), and judging them would change those runs too.
     """
-    if (collapsed is not None or chance_loss is not None) and "lr" not in dict(config):
-        raise ValueError("run_rounds(collapsed=..., chance_loss=...) needs the clients' 'lr' in config to redo a round")
     started = time.perf_counter()
     cost = fed.cost(fed.phase)
     last = first_round + rounds - 1
-    reported: dict[int, float] = {}  # each client's loss in the round before (chance_loss's reference)
     for server_round in range(first_round, last + 1):
         round_config = ConfigRecord({**dict(config), **(last_round_config or {})}) \
             if server_round == last and last_round_config else config
         if round_lr is not None:
             round_config = ConfigRecord({**dict(round_config), "lr": round_lr(server_round)})
-        late_chance = chance_loss if server_round > last - CHANCE_ROUNDS else None  # judged: the last rounds only
-        judged = collapsed is not None or late_chance is not None
-        lrs = [0.5 ** k for k in range(COLLAPSE_REDOS + 1)] + [1.0] if judged else [1.0]
-        why = None
-        for play, scale in enumerate(lrs):
-            sent_config = round_config
-            if play:
-                sent_config = ConfigRecord({**dict(round_config), "lr": float(round_config["lr"]) * scale})
-                log.warning("[%s] round %d: %s; playing the round again with lr %.4g%s", label, server_round,
-                            _REASONS[why], sent_config["lr"], " (every play was flagged: FedAvg's own model is kept)"
-                            if play == len(lrs) - 1 else "")
-            new_arrays, metrics, replies = _play_round(
-                fed, strategy, arrays, sent_config, server_round, method=method, aggregate=aggregate,
-                measure_received=measure_received if play == 0 and server_round > first_round else None)
-            cost.rounds += 1
-            flagged = _flag(new_arrays, replies, collapsed, late_chance, reported) if judged else None
-            final = play == len(lrs) - 1 or flagged is None
-            if play:
-                cost.redone.append({"round": server_round, "lr": float(sent_config["lr"]), "kept": final, "why": why})
-            why = flagged
-            if final:
-                break
+        new_arrays, metrics, replies = _play_round(
+            fed, strategy, arrays, round_config, server_round, method=method, aggregate=aggregate,
+            measure_received=measure_received if server_round > first_round else None)
+        cost.rounds += 1
         if on_replies is not None:
-            on_replies(server_round, arrays, replies, float(sent_config["lr"]) if "lr" in sent_config else None)
-        reported = _losses(replies)
+            on_replies(server_round, arrays, replies, float(round_config["lr"]) if "lr" in round_config else None)
         arrays = new_arrays
         if after_round is not None:
             after_round(server_round, arrays)
@@ -231,28 +174,6 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
         log.info("[%s] round %d/%d  loss %.4f  elapsed %.1fs  eta %.1fs", label, server_round, last,
                  loss, elapsed, elapsed / done * (rounds - done))
     return arrays
-
-
-_REASONS = {"collapsed": "the aggregated model looks collapsed (the same output for every probe input)",
-            "client diverged": "a client's loss on its own data rose by more than a uniform guess's (ln C)"}
-
-
-def _losses(replies: list[Message]) -> dict[int, float]:
-    """Each replying client's reported ``loss``, by node id."""
-    return {r.metadata.src_node_id: float(r.content["metrics"]["loss"]) for r in replies
-            if "metrics" in r.content and "loss" in r.content["metrics"]}
-
-
-def _flag(arrays: ArrayRecord, replies: list[Message], collapsed, chance_loss: float | None,
-          reported: dict[int, float]) -> str | None:
-    """Why a round's play is flagged (a key of ``_REASONS``), or ``None``: its aggregated model looks
-    collapsed, or (``chance_loss`` given) a client's loss rose by more than it since ``reported``."""
-    if collapsed is not None and collapsed(arrays):
-        return "collapsed"
-    if chance_loss is not None and any(node in reported and loss - reported[node] > chance_loss
-                                       for node, loss in _losses(replies).items()):
-        return "client diverged"
-    return None
 
 
 def _play_round(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, config: ConfigRecord,

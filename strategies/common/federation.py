@@ -41,26 +41,18 @@ class RoundFailed(RunStopped):
 class PhaseCost:
     """What one phase spent: wall seconds and rounds (set by whoever runs the phase), the bytes
     sent to clients (down) and received from them (up), and the replies it lost, counted here.
-    ``degraded``: some node's work is missing from the phase's result. ``redone``: every extra play of
-    a round that ``run_rounds`` flagged: round, lr, whether its model was kept, and why;
-    listed only where there is one, so a phase that redid nothing reads as it did before (so is ``fit``)."""
+    ``degraded``: some node's work is missing from the phase's result."""
 
     seconds: float = 0.0
     rounds: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
     failures: list[dict] = field(default_factory=list)
-    redone: list[dict] = field(default_factory=list)
-    #: where the model trained on to fit its training data (the retrain oracle: ``Experiment.fit_oracle``;
-    #: the original: ``Experiment.settle_original``): the fits and rounds; listed only where it did
-    fit: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"seconds": round(self.seconds, 3), "rounds": self.rounds,
                 "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
-                "failures": [dict(f) for f in self.failures], "degraded": bool(self.failures),
-                **({"redone": [dict(r) for r in self.redone]} if self.redone else {}),
-                **({"fit": dict(self.fit)} if self.fit else {})}
+                "failures": [dict(f) for f in self.failures], "degraded": bool(self.failures)}
 
 
 @dataclass

@@ -2,8 +2,7 @@
 
 One ``evaluate`` message with the model to every node that keeps data; each replies with its
 ``retain-correct`` / ``retain-n`` counts (a task with classes; the LLM task reports none). Lethe
-holds its restored model to the original's fit, and the retrain oracle trains on until it fits
-its training data as the original does (``server_app.experiment.Experiment.fit_oracle``).
+holds its restored model to the original's fit.
 """
 
 from __future__ import annotations

@@ -1,29 +1,26 @@
-"""Client side of FedUP (the FedUP paper, sec. 3.2.2): clipped features -> per-class KMeans centroids -> noise.
+"""Client side of FedUP (the FedUP paper, sec. 3.2.2): features -> per-class KMeans centroids -> noise.
 
-A client never uploads raw features. It clips every feature vector to an L2 bound (so the DP
-sensitivity is finite), summarises each class ``k`` by ``K = ceil(rho * n_k)`` KMeans centroids
-(eq. 9-10) and adds isotropic Gaussian noise to every centroid (eq. 11). For class unlearning the
-forget class's centroids are kept but relabelled at random to the other classes (paper sec. 4.2),
-so the server-side filter learns to divert that class instead of merely never seeing it.
+A client never uploads raw features. It summarises each class ``k`` of its features by
+``K = ceil(rho * n_k)`` KMeans centroids (eq. 9-10) and adds isotropic Gaussian noise to every
+centroid (eq. 11). Optionally (``fedup-clip``, not in the paper) every feature vector is first
+clipped to an L2 bound, which the clip-based sensitivity bounds of ``strategies/fedup/maths.py``
+need. In the class scenario the paper relabels the forgotten class's features to other classes
+before clustering (:func:`relabel_per_class`; official code: one random other class per client).
 
-Choices the paper leaves open, made here:
+Choices the paper leaves open:
 
-* **Centroid = exact mean of its cluster.** After KMeans, each centroid is recomputed as the mean
-  of the points KMeans assigned to it, and ``counts`` gives that cluster size. The DP bound in
-  ``strategies/fedup/maths.py`` (``2 C / n_c`` per centroid) is exact for such a mean.
+* **KMeans as in the official code**: random initial centres, 5 restarts, at most 100 iterations,
+  the run with the lowest inertia kept (scikit-learn ``KMeans(init="random", n_init=5,
+  max_iter=100, random_state=seed)``, float64). A class with ``K = 1`` gives its mean.
+* **Centroid = exact mean of its cluster.** After KMeans each centroid is recomputed as the mean
+  of the points assigned to it, and ``counts`` gives that cluster size (what a per-cluster DP
+  bound needs; the official code keeps KMeans's last centres, the means of the previous
+  assignment).
 * **Tiny or degenerate classes.** ``K`` is capped at the number of *distinct* points of the class.
   When ``K`` equals that number the centroids are the distinct points themselves (with their
-  multiplicities as counts), which is what KMeans would return, without running it; ``K == 1``
-  is the class mean. A one-point class therefore yields the point itself.
-* **KMeans settings.** scikit-learn ``KMeans(n_clusters=K, init="k-means++", n_init=1,
-  random_state=seed)``. One k-means++ start: ``rho`` is large in the client and sample scenarios
-  (0.8, 0.5), so most clusters hold one or two points and restarts change almost nothing, while
-  they would multiply the client's cost. Features are clustered in float64.
-* **Relabel after clustering.** Apply :func:`relabel_forget_class` (paper: one random other class
-  per centroid) or :func:`divert_targets` (its expectation as a soft target; recommended, see
-  there) to the *centroid* labels that :func:`class_centroids` returns (cluster by the true class
-  first); relabelling raw features first would let KMeans average forget-class points with
-  retained points of the new class.
+  multiplicities as counts), which is what KMeans would return, without running it.
+* :func:`relabel_forget_rows` and :func:`divert_targets` serve ``fedup-forget-centroids=divert``
+  (not the paper's): flagged forget centroids are pointed away from their label on the server.
 """
 
 from __future__ import annotations
@@ -38,12 +35,15 @@ from sklearn.cluster import KMeans
 def clip_rows(features: torch.Tensor, bound: float) -> torch.Tensor:
     """Scale every row with L2 norm above ``bound`` down to norm ``bound``; other rows are untouched.
 
-    ``x -> x * min(1, bound / ||x||_2)`` (the setting ``fedup-clip``). Returns a new tensor.
+    ``x -> x * min(1, bound / ||x||_2)`` (the setting ``fedup-clip``; ``inf`` leaves every row as it
+    is). Returns a new tensor.
     """
     if not bound > 0:
         raise ValueError(f"fedup-clip must be > 0, got {bound}")
     if features.ndim != 2:
         raise ValueError(f"features must be 2-D (n, d), got shape {tuple(features.shape)}")
+    if math.isinf(bound):
+        return features.clone()
     norms = features.norm(dim=1, keepdim=True)
     scaled = features * (bound / norms.clamp_min(torch.finfo(features.dtype).tiny))
     return torch.where(norms > bound, scaled, features)
@@ -61,6 +61,40 @@ def add_gaussian_noise(centroids: torch.Tensor, sigma: float, seed: int) -> torc
     generator = torch.Generator().manual_seed(seed)
     noise = torch.randn(centroids.shape, generator=generator, dtype=centroids.dtype)
     return centroids + sigma * noise.to(centroids.device)
+
+
+def feature_diameter(features: torch.Tensor, block: int = 2048) -> float:
+    """``max_{p,q} ||d_p - d_q||_2`` over the rows of ``features`` (paper eq. 21's numerator); 0 for one row.
+
+    Computed in blocks of ``block`` rows, in float64, so memory stays ``O(block * n)``.
+    """
+    if features.ndim != 2:
+        raise ValueError(f"features must be 2-D (n, d), got shape {tuple(features.shape)}")
+    points = features.detach().cpu().to(torch.float64)
+    best = 0.0
+    for start in range(0, len(points), block):
+        best = max(best, float(torch.cdist(points[start:start + block], points).max()))
+    return best
+
+
+def relabel_per_class(labels: torch.Tensor, num_classes: int, seed: int) -> torch.Tensor:
+    """The official code's class-scenario relabelling: every distinct label ``k`` in ``labels`` becomes one
+    uniformly random *other* class, the same for all rows of ``k`` (one draw per client and class).
+
+    The relabelled features are then clustered together with the retained features of their new
+    class (paper sec. 4.2: the target class's feature labels are remapped to other classes; across
+    clients, to several). Returns a new tensor.
+    """
+    if num_classes < 2:
+        raise ValueError(f"num_classes must be >= 2 to relabel, got {num_classes}")
+    if bool(((labels < 0) | (labels >= num_classes)).any()):
+        raise ValueError(f"labels must lie in [0, {num_classes})")
+    rng = np.random.default_rng(seed)
+    relabelled = labels.clone()
+    for k in sorted(set(labels.tolist())):
+        draw = int(rng.integers(0, num_classes - 1))
+        relabelled[labels == k] = draw + int(draw >= k)
+    return relabelled
 
 
 def class_centroids(
@@ -104,7 +138,7 @@ def _cluster_one_class(points: np.ndarray, k: int, seed: int) -> tuple[np.ndarra
         return distinct, multiplicity.astype(np.int64)
     if k == 1:
         return points.mean(axis=0, keepdims=True), np.array([len(points)], dtype=np.int64)
-    assignment = KMeans(n_clusters=k, init="k-means++", n_init=1, random_state=seed).fit_predict(points)
+    assignment = KMeans(n_clusters=k, init="random", n_init=5, max_iter=100, random_state=seed).fit_predict(points)
     counts = np.bincount(assignment, minlength=k)
     kept = np.flatnonzero(counts)  # KMeans relocates empty clusters, but never trust it blindly
     sums = np.zeros((k, points.shape[1]))
@@ -123,7 +157,8 @@ def _check_rows(labels: torch.Tensor, forget_mask: torch.Tensor, num_classes: in
 
 def relabel_forget_rows(labels: torch.Tensor, forget_mask: torch.Tensor, num_classes: int,
                         seed: int) -> torch.Tensor:
-    """The paper's relabelling (sec. 4.2): every masked row's label becomes a uniformly random *other* class.
+    """``fedup-targets=random`` (with ``divert``): every masked row's label becomes a uniformly random *other*
+    class, one draw per row (per flagged centroid, on the server).
 
     Draws ``u ~ U{0, ..., num_classes - 2}`` per masked row and maps ``u -> u + (u >= label)``, so
     the result never equals the row's own label. Other labels are unchanged. Returns a new tensor.
@@ -144,8 +179,8 @@ def divert_targets(labels: torch.Tensor, forget_mask: torch.Tensor, num_classes:
     cross-entropy has the same expected value, without the draw's variance. With hard random labels
     the filter learns to send neighbouring forget centroids to different classes; trained long, it
     carves the forget region into pieces and fresh forget samples between the pieces fall back to
-    the forgotten label (measured on Gaussian blobs after 500 epochs: forget accuracy 0.18-0.47 with
-    random labels, 0.00-0.06 with these targets). Recommended.
+    the forgotten label (measured on Gaussian blobs after 500 Adam epochs: forget accuracy 0.18-0.47
+    with random labels, 0.00-0.06 with these targets). ``fedup-targets=soft``; not the paper's.
     """
     _check_rows(labels, forget_mask, num_classes)
     targets = torch.nn.functional.one_hot(labels.long(), num_classes).float()

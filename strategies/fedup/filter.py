@@ -3,24 +3,24 @@
 The filter sits between the frozen feature extractor and the frozen head of a ``SplitModel``
 (``model.plugins.append(filter)``, eq. 13); removing it restores the original model (eq. 20).
 
-Architecture (the paper: "a straightforward encoder-decoder", bottleneck 32 best, Table 5)::
+Architecture (the paper: "a straightforward encoder-decoder", bottleneck 32, Table 5; the layers
+are the official code's ``Adapter``), ``fedup-filter``:
 
-    z (B, d) -> Linear(d, b) -> ReLU -> Linear(b, d) -> (B, d)
+    official:  z (B, d) -> Linear(d, b, no bias) -> ReLU -> Linear(b, d, no bias) -> ReLU
+    signed:    z (B, d) -> Linear(d, b) -> ReLU -> Linear(b, d)
 
-Choices: biases on (the filter must be able to shift the forget region, not only scale it); one
-ReLU in the bottleneck and *no* output activation, so the filter can reproduce signed features
-(pooled transformer features, say), not only post-ReLU ones. Weights are initialised from
-``seed`` with PyTorch's default Linear init.
+``signed`` (not the paper's) keeps biases and drops the output ReLU, so it can reproduce signed
+features (pooled transformer features); ``official`` outputs non-negative features only. Weights
+are initialised from ``seed`` with PyTorch's default Linear init (as the official code).
 
-Training (eq. 15-19) on the aggregated centroids ``mu`` with targets ``y`` (forget-class centroids
-pointed at the other classes: hard random labels as in the paper, or their expectation, the soft
-target of ``strategies.fedup.centroids.divert_targets``)::
+Training (eq. 15-19) on the aggregated centroids ``mu`` with targets ``y``::
 
     L = alpha * CE(head(filter(mu)), y) + (1 - alpha) * mean((filter(mu) - mu)^2)
 
 ``mean`` runs over the batch and the ``d`` coordinates (eq. 17). Only the filter's parameters are
 optimised; the head is called with detached copies of its parameters in eval mode, so it receives
-no gradients, no running-stat updates and no change of any kind.
+no gradients, no running-stat updates and no change of any kind. The centroids are shuffled every
+epoch and the last, smaller batch is kept (the official code shuffles once and drops it).
 """
 
 from __future__ import annotations
@@ -30,33 +30,41 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from strategies.fedup.settings import OPTIMIZERS, SETTINGS
+from strategies.fedup.settings import FILTER_SHAPES, OPTIMIZERS, SETTINGS
 
-# One source of defaults: the run config's (``strategies.fedup.settings``).
+# One source of defaults: the run config's (``strategies.fedup.settings``). The learning rate has
+# none here: the run's default (0) means the run's own ``lr`` (``settings.filter_lr``).
 _DEFAULTS = {s.key: s.default for s in SETTINGS}
 DEFAULT_BOTTLENECK = _DEFAULTS["fedup-bottleneck"]
+DEFAULT_SHAPE = _DEFAULTS["fedup-filter"]
 DEFAULT_ALPHA = _DEFAULTS["fedup-alpha"]
 DEFAULT_EPOCHS = _DEFAULTS["fedup-epochs"]
-DEFAULT_LR = _DEFAULTS["fedup-lr"]
 DEFAULT_BATCH_SIZE = _DEFAULTS["fedup-batch-size"]
+DEFAULT_OPTIMIZER = _DEFAULTS["fedup-optimizer"]
 
 
 class FedUPFilter(nn.Module):
-    """Encoder-decoder ``d -> bottleneck -> d`` plug-in; see the module docstring."""
+    """Encoder-decoder ``d -> bottleneck -> d`` plug-in of shape ``official`` or ``signed``; see the module docstring."""
 
-    def __init__(self, feature_dim: int, bottleneck: int = DEFAULT_BOTTLENECK, *, seed: int = 0):
+    def __init__(self, feature_dim: int, bottleneck: int = DEFAULT_BOTTLENECK, *, seed: int = 0,
+                 shape: str = DEFAULT_SHAPE):
         super().__init__()
         if feature_dim <= 0:
             raise ValueError(f"feature_dim must be > 0, got {feature_dim}")
         if bottleneck <= 0:
             raise ValueError(f"fedup-bottleneck must be > 0, got {bottleneck}")
+        if shape not in FILTER_SHAPES:
+            raise ValueError(f"fedup-filter must be one of {', '.join(FILTER_SHAPES)}, got {shape!r}")
+        self.shape = shape
+        bias = shape == "signed"
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.encoder = nn.Linear(feature_dim, bottleneck)
-            self.decoder = nn.Linear(bottleneck, feature_dim)
+            self.encoder = nn.Linear(feature_dim, bottleneck, bias=bias)
+            self.decoder = nn.Linear(bottleneck, feature_dim, bias=bias)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return self.decoder(torch.relu(self.encoder(z)))
+        out = self.decoder(torch.relu(self.encoder(z)))
+        return torch.relu(out) if self.shape == "official" else out
 
 
 def train_filter(
@@ -65,22 +73,21 @@ def train_filter(
     centroids: torch.Tensor,
     labels: torch.Tensor,
     *,
+    lr: float,
     alpha: float = DEFAULT_ALPHA,
     epochs: int = DEFAULT_EPOCHS,
-    lr: float = DEFAULT_LR,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    optimizer: str = "adam",
+    optimizer: str = DEFAULT_OPTIMIZER,
     seed: int = 0,
 ) -> dict[str, list[float]]:
     """Train ``filter`` in place on ``centroids (M, d)`` and their targets with the frozen ``head``.
 
-    ``labels`` are class indices ``(M,)`` (e.g. from ``relabel_forget_rows``) or class
-    probabilities ``(M, C)`` (e.g. from ``divert_targets``, the recommended form; the CE of eq. 16
-    then uses the soft target).
+    ``labels`` are class indices ``(M,)`` or class probabilities ``(M, C)`` (``divert_targets``;
+    the CE of eq. 16 then uses the soft target).
 
     ``seed`` fixes the mini-batch order (the filter's init was fixed at construction), so two calls
-    with equal inputs give bit-identical filters on the same device. ``optimizer`` is ``"adam"`` or
-    plain ``"sgd"`` (no momentum, eq. 19). Returns per-epoch means: ``total``, ``ce``, ``re`` losses
+    with equal inputs give bit-identical filters on the same device. ``optimizer`` is plain
+    ``"sgd"`` (no momentum, eq. 19, the official code) or ``"adam"``. Returns per-epoch means: ``total``, ``ce``, ``re`` losses
     and ``accuracy`` (fraction of centroids that ``head(filter(mu))`` assigns to their label; for soft
     targets, to any class of non-zero target probability).
     """
@@ -144,5 +151,7 @@ FILTER_KIND = "fedup-filter"  # the plug-in kind this package registers
 
 
 def build_plugin(spec: dict, feature_dim: int) -> FedUPFilter:
-    """The registered builder of plug-in kind :data:`FILTER_KIND`."""
-    return FedUPFilter(feature_dim, bottleneck=int(spec["bottleneck"]), seed=int(spec.get("seed", 0)))
+    """The registered builder of plug-in kind :data:`FILTER_KIND`. A spec without ``shape`` was written
+    before the key existed, when every filter was ``signed``."""
+    return FedUPFilter(feature_dim, bottleneck=int(spec["bottleneck"]), seed=int(spec.get("seed", 0)),
+                       shape=str(spec.get("shape", "signed")))

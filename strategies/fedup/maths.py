@@ -2,31 +2,30 @@
 
 Pure functions on tensors / floats; no Flower, no datasets.
 
-DP mechanism (the paper's released code ships with noise off and never calibrates it; this is
-the mechanism we implement and account for):
+DP mechanism. A client releases its KMeans centroids plus ``N(0, sigma^2 I)`` noise on every
+coordinate (eq. 11), once (FedUP is one-shot: no composition). ``sigma`` is calibrated to a target
+``(epsilon, delta)`` at an L2 sensitivity ``D``:
 
-* Each feature vector is clipped to L2 norm ``C`` (``fedup-clip``), so it lies in the ball B(0, C).
-* A client releases its centroids, each the exact mean of the ``n_c`` clipped points of its
-  cluster, plus ``N(0, sigma^2 I)`` noise on every coordinate (eq. 11).
-* Neighbouring datasets: **replace one record** (same size). That is the relation under which the
-  paper's eq. 21 (``max ||d_p - d_q|| / n``, a diameter over a count) is a sensitivity, and it keeps
-  every cluster size — so the number of centroids per class — fixed, as the paper assumes.
-* ``bound="fixed-clusters"`` (paper's view): the cluster assignment is treated as fixed, so
-  replacing one record moves only its own centroid, by at most ``||x - x'|| / n_c <= 2C / n_c``.
-  Sensitivity of the whole release = ``max_c 2C / n_c = 2C / min_c n_c``. This is *not* a guarantee
-  for KMeans as run: the assignment depends on the data, and one record can move every centroid.
+* Neighbouring datasets: **replace one record** (same size), the relation under which the paper's
+  eq. 21 (a diameter over a count) is a sensitivity; it keeps every cluster size fixed.
+* ``bound="eq21"`` (the paper, the default): ``D = max_{p,q} ||d_p - d_q|| / n_i``, the client's
+  feature diameter over its sample count (eq. 21), with ``delta = 1/n_i``. This is the sensitivity
+  of *one mean over all n_i points*; a centroid averages only its cluster's ``n_c <= n_i`` points,
+  and the diameter is measured on the data itself, so the guarantee is the paper's nominal one, not
+  a proof for KMeans as run (it understates epsilon by up to ``n_i / n_c``).
+* ``bound="fixed-clusters"``: features clipped to ``C`` (``fedup-clip``); the assignment treated as
+  fixed, a replaced record moves only its own centroid, by at most ``2C / n_c``:
+  ``D = 2C / min_c n_c``. Still not a guarantee for data-dependent KMeans.
 * ``bound="any-clustering"`` (safe): every centroid is a mean of points in B(0, C), hence in
-  B(0, C), whatever the assignment; so each of the ``M`` centroids moves by at most ``2C`` and the
-  release by at most ``2C * sqrt(M)``. Valid for data-dependent KMeans, with ``M`` (per-class
-  counts) treated as public.
-* Note the paper's eq. 21-22 divide by the client's *total* sample count ``n_i``; a centroid is a
-  mean over only its cluster's ``n_c <= n_i`` points, so eq. 22 understates epsilon by up to
-  ``n_i / n_c``. :func:`paper_eq22_epsilon` is reported beside the calibrated value for comparison.
+  B(0, C), whatever the assignment; each of the ``M`` centroids moves by at most ``2C`` and the
+  release by at most ``2C * sqrt(M)`` (``M`` and the per-class counts treated as public).
 
 Calibration uses the exact ("analytic") Gaussian mechanism of Balle & Wang (2018) as implemented
 in ``dp_accounting.get_sigma_gaussian`` / ``get_epsilon_gaussian`` (unit sensitivity, scaled
 here): the smallest ``sigma`` with ``delta(epsilon) = Phi(D/2s - eps s/D) - e^eps Phi(-D/2s - eps s/D)``
-at most the target. One release per client; no composition across rounds (FedUP is one-shot).
+at most the target. At epsilon = 10 it asks for more noise than the paper's classical formula
+``sqrt(2 ln(1.25/delta)) D / epsilon`` (valid only for epsilon < 1); :func:`paper_eq22_epsilon`
+reports the paper's eq. 22 figure beside the calibrated one.
 """
 
 from __future__ import annotations
@@ -37,24 +36,39 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-SENSITIVITY_BOUNDS = ("fixed-clusters", "any-clustering")
+SENSITIVITY_BOUNDS = ("eq21", "fixed-clusters", "any-clustering")
 
 
-def centroid_sensitivity(clip: float, counts: torch.Tensor | Sequence[int], *, bound: str = "fixed-clusters") -> float:
+def centroid_sensitivity(clip: float, counts: torch.Tensor | Sequence[int], *, bound: str = "fixed-clusters",
+                         diameter: float | None = None) -> float:
     """L2 sensitivity of one client's centroid release under replace-one adjacency (module docstring).
 
+    ``eq21``: ``diameter / sum(counts)`` (``diameter``: the client's feature diameter, required);
     ``fixed-clusters``: ``2 * clip / min(counts)``; ``any-clustering``: ``2 * clip * sqrt(len(counts))``.
     """
-    if not clip > 0:
-        raise ValueError(f"fedup-clip must be > 0, got {clip}")
     sizes = torch.as_tensor(counts)
     if sizes.ndim != 1 or sizes.numel() == 0 or bool((sizes <= 0).any()):
         raise ValueError("counts must be a non-empty 1-D sequence of positive cluster sizes")
+    if bound == "eq21":
+        if diameter is None or not (0 < diameter < math.inf):
+            raise ValueError(f"the eq21 bound needs a finite feature diameter > 0, got {diameter}")
+        return float(diameter) / int(sizes.sum())
+    if bound not in SENSITIVITY_BOUNDS:
+        raise ValueError(f"bound must be one of {', '.join(SENSITIVITY_BOUNDS)}, got {bound!r}")
+    if not (0 < clip < math.inf):
+        raise ValueError(f"fedup-clip must be > 0 and finite for the {bound} bound, got {clip}")
     if bound == "fixed-clusters":
         return 2.0 * clip / int(sizes.min())
-    if bound == "any-clustering":
-        return 2.0 * clip * math.sqrt(sizes.numel())
-    raise ValueError(f"bound must be one of {', '.join(SENSITIVITY_BOUNDS)}, got {bound!r}")
+    return 2.0 * clip * math.sqrt(sizes.numel())
+
+
+def resolve_delta(delta: float, n: int) -> float:
+    """The DP target's delta: ``fedup-delta``, or ``1 / n`` (paper sec. 3.2.4, ``delta_i = 1/n_i``) when it is 0."""
+    if delta:
+        return delta
+    if n < 2:
+        raise ValueError(f"delta = 1/n needs n >= 2 released samples, got {n}")
+    return 1.0 / n
 
 
 def calibrate_sigma(epsilon: float, delta: float, sensitivity: float) -> float:

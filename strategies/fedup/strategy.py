@@ -1,16 +1,18 @@
 """FedUP (the FedUP paper): one-shot unlearning with DP class centroids and a reversible plug-in filter.
 
-One round: the retained clients receive the model and answer ``query.centroids`` with noised
-class centroids of their retained features (``strategies.fedup.client``). The server drops
-malformed uploads (NaN/Inf, wrong width, labels outside the task) with a warning, concatenates the
-rest (eq. 12), and trains a fresh encoder-decoder filter on them with alpha*CE + (1-alpha)*MSE
-(eqs. 16-19), extractor, earlier plug-ins and head frozen. The filter is appended to the model's
-plug-ins, between extractor and head; the base weights are never touched.
+One round: the clients that hold something to release receive the model and answer
+``query.centroids`` with noised class centroids (``strategies.fedup.client``): in the client and
+sample scenarios the clients with retained data (the leaving client of the client scenario holds
+none and is not asked), in the class scenario every client with data (the forgotten class's
+features relabelled on the client). The server drops malformed uploads (NaN/Inf, wrong width,
+labels outside the task, empty) with a warning, concatenates the rest (eq. 12), and trains a fresh
+encoder-decoder filter on them with alpha*CE + (1-alpha)*MSE (eqs. 16-19), extractor, earlier
+plug-ins and head frozen. The filter is appended to the model's plug-ins, between extractor and
+head; the base weights are never touched.
 
-Forget centroids (flagged by the clients, ``fedup-forget-centroids=divert``; see
-``strategies.fedup.client``) get targets spread over the classes other than their trained label
-(``fedup-targets=soft``, the expectation of the paper's random relabelling, which is fragile —
-see ``strategies.fedup.centroids.divert_targets``) or one random other class each (``random``).
+With ``fedup-forget-centroids=divert`` (not the paper's) the forget centroids come flagged and get
+one random other class each (``fedup-targets=random``) or targets spread over the other classes
+(``soft``, see ``strategies.fedup.centroids.divert_targets``).
 
 Several requests **stack**: each adds its own filter after the existing ones, trained on the
 features those produce. ``restore`` removes the filter this request added (the last one) and gives
@@ -33,11 +35,18 @@ from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, Un
 from strategies.common.federation import RunStopped
 from strategies.fedup.maths import aggregate_centroids, validate_centroid_upload
 from strategies.fedup.centroids import divert_targets, relabel_forget_rows
+from strategies.fedup.client import forget_handling
 from strategies.fedup.filter import FILTER_KIND, train_filter
+from strategies.fedup.settings import filter_lr
 from tasks.model import PLUGIN_PREFIX
 from tasks.plugins import specs_to_json
 
 log = logging.getLogger("fedunlearn")
+
+
+#: what results.json keeps of each client's reply (``method.privacy.clients``)
+PRIVACY_KEYS = ("epsilon", "epsilon-eq22", "epsilon-fixed-clusters", "delta", "sigma", "sensitivity",
+                "num-examples", "num-centroids", "dropped", "relabelled", "seconds")
 
 
 class NoUsableCentroids(RunStopped):
@@ -54,9 +63,9 @@ class FedUP(FedAvg, UnlearningMethod):
         super().__init__(fraction_train=0.0, fraction_evaluate=0.0)
 
     def collect(self, ctx: UnlearnContext) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """Query the retained clients once; validated, concatenated centroids and privacy report."""
+        """Query the releasing clients once; validated, concatenated centroids and privacy report."""
         cfg, fed = ctx.cfg, ctx.fed
-        role_key = "n-all" if cfg["fedup-forget-centroids"] == "divert" else "n-retain"
+        role_key = "n-retain" if forget_handling(cfg) == "drop" else "n-all"
         content = RecordDict({"arrays": ctx.original.arrays,
                               "config": ConfigRecord({"plugins": specs_to_json(ctx.original.plugins)})})
         replies = fed.broadcast(fed.nodes_with(role_key), "query.centroids", content, round_no=1)
@@ -78,8 +87,8 @@ class FedUP(FedAvg, UnlearningMethod):
                 dropped[client] = reason
                 continue
             uploads.append((record["centroids"], record["labels"], record["forget"].bool()))
-            privacy[client] = {k: reply.content["metrics"][k]
-                               for k in ("epsilon", "epsilon-eq22", "delta", "sigma", "num-centroids", "seconds")}
+            metrics = reply.content["metrics"]
+            privacy[client] = {k: metrics[k] for k in PRIVACY_KEYS if k in metrics}
         if not uploads:
             raise NoUsableCentroids("phase 'unlearn': no retained client sent usable centroids "
                                     f"({len(dropped)} upload(s) dropped): FedUP cannot train its filter")
@@ -88,8 +97,10 @@ class FedUP(FedAvg, UnlearningMethod):
         return centroids, labels, forget, {"clients": privacy, "dropped": dropped}
 
     def targets(self, ctx: UnlearnContext, labels: torch.Tensor, forget: torch.Tensor) -> torch.Tensor:
-        """Training targets: the labels, with forget centroids diverted to the other classes."""
+        """Training targets: the labels; with ``divert``, flagged centroids pointed at the other classes."""
         cfg = ctx.cfg
+        if not bool(forget.any()):
+            return labels
         if cfg["fedup-targets"] == "soft":
             return divert_targets(labels, forget, cfg.num_classes)
         return relabel_forget_rows(labels, forget, cfg.num_classes, seed=cfg["seed"])
@@ -97,22 +108,24 @@ class FedUP(FedAvg, UnlearningMethod):
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         cfg = ctx.cfg
         centroids, labels, forget, privacy = self.collect(ctx)
-        spec = {"kind": FILTER_KIND, "bottleneck": cfg["fedup-bottleneck"], "seed": cfg["seed"]}
+        spec = {"kind": FILTER_KIND, "bottleneck": cfg["fedup-bottleneck"], "shape": cfg["fedup-filter"],
+                "seed": cfg["seed"]}
         plugins = ctx.original.plugins + [spec]
         model = ctx.model_factory(plugins)
         model.load_state_dict({**model.state_dict(), **ctx.original.arrays.to_torch_state_dict()})
         started = time.perf_counter()
         history = train_filter(model.plugins[-1], model.head, centroids, self.targets(ctx, labels, forget),
-                               alpha=cfg["fedup-alpha"], epochs=cfg["fedup-epochs"], lr=cfg["fedup-lr"],
+                               alpha=cfg["fedup-alpha"], epochs=cfg["fedup-epochs"], lr=filter_lr(cfg),
                                batch_size=cfg["fedup-batch-size"], optimizer=cfg["fedup-optimizer"],
                                seed=cfg["seed"])
         filter_seconds = time.perf_counter() - started
         epsilons = [c["epsilon"] for c in privacy["clients"].values()]
-        log.info("[fedup] filter trained on %d centroids from %d clients; max client epsilon %s",
-                 len(labels), len(privacy["clients"]), max(epsilons))
+        log.info("[fedup] filter trained on %d centroids from %d clients (lr %g); max client epsilon %s",
+                 len(labels), len(privacy["clients"]), filter_lr(cfg), max(epsilons))
         details = {"privacy": privacy, "filter_seconds": round(filter_seconds, 4),
                    "centroid_seconds": {c: round(p["seconds"], 4) for c, p in privacy["clients"].items()},
                    "num_centroids": int(len(labels)), "num_forget_centroids": int(forget.sum()),
+                   "forget_features": forget_handling(cfg), "filter_lr": filter_lr(cfg),
                    "centroids_per_class": dict(sorted(Counter(labels.tolist()).items())),
                    "filter_final_loss": {k: v[-1] for k, v in history.items()},
                    "max_epsilon": max(epsilons) if all(math.isfinite(e) for e in epsilons) else None}

@@ -11,20 +11,16 @@ with ``W_down: d -> h`` initialised from a seeded generator (Kaiming-uniform, li
 and ``W_up, b_up`` zero-initialised, so a freshly attached adapter is exactly the identity and the
 composite model starts as the original model. ``h = max(1, d // 4)`` unless given.
 
-Eq. 6 is plain gradient ascent, ``φ ← φ + η ∇_φ L(w_ori, φ; D_u)`` with cross-entropy ``L``. We take
-*normalised* steps, ``φ ← φ + η ∇_φ L / ‖∇_φ L‖`` (global norm over the adapter; no momentum, no
-weight decay): the memorised forget set starts with near-zero gradients that grow as the loss
-grows, so plain steps first crawl and then explode. Measured on digits with the plain rule (lr 1.0,
-stop at 3 nats on a batch), the composite model's forget loss after the stopping step was 3.6, 28
-or 2741 nats depending only on the seed, and the largest ones wrecked rectification; normalised
-steps of 0.05 moved each adapter by the same distance per step and landed within ~1 nat of the
-threshold for every seed. Gradient ascent on cross-entropy has no maximum, so
-:func:`train_adapter_ascent` bounds it (the paper is silent):
+Eq. 6 is plain gradient ascent, ``φ ← φ + η ∇_φ L(w_ori, φ; D_u)`` with cross-entropy ``L``, for S_φ
+steps: :func:`train_adapter_ascent` with ``max_loss = inf`` (the default). A step that would make an
+adapter parameter non-finite is undone and ends the ascent (a model must stay finite to be used).
 
-- before each step the mini-batch loss is measured; once it reaches ``max_loss`` (default 10 nats,
-  i.e. the true class gets probability ~4.5e-5) training stops: the adapter already "amplifies"
-  forgetting as much as is useful and further steps only blow up the logits;
-- if a step makes any adapter parameter non-finite, that step is undone and training stops.
+With the ``guard-bounded-ascent`` guard (a finite ``max_loss``), the steps are *normalised*,
+``φ ← φ + η ∇_φ L / ‖∇_φ L‖`` (global norm over the adapter): a memorised forget set starts with
+near-zero gradients that grow with the loss, so plain steps first crawl and then explode, while
+normalised steps move the adapter the same distance each time. Ascent on cross-entropy has no
+maximum, so it stops once a batch's loss reaches ``max_loss``; and where the float32 cross-entropy is
+exactly 0 (its gradient underflows), a step ascends the label margin instead (:func:`_margin_loss`).
 
 The backbone is frozen: only the adapter's parameters are changed, gradients are taken with
 ``torch.autograd.grad`` with respect to the adapter only (no ``.grad`` is written anywhere), and the
@@ -41,10 +37,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from strategies.lethe.settings import SETTINGS
 from tasks.model import SplitModel
 
-DEFAULT_MAX_LOSS = next(s.default for s in SETTINGS if s.key == "lethe-adapter-max-loss")  # the run config's
 ADAPTER_KIND = "lethe-adapter"  # the plug-in kind this package registers
 
 
@@ -104,11 +98,12 @@ def train_adapter_ascent(
     steps: int,
     lr: float,
     seed: int,
-    max_loss: float = DEFAULT_MAX_LOSS,
+    max_loss: float = math.inf,
     batch_size: int = 32,
 ) -> dict[str, float]:
-    """Eq. 6: ``steps`` normalised gradient-ascent steps (length ``lr`` each) on the forget set, updating only
-    ``model.plugins[adapter_index]``.
+    """Eq. 6: ``steps`` gradient-ascent steps of step size ``lr`` on the forget set, updating only
+    ``model.plugins[adapter_index]``. ``max_loss`` finite (``guard-bounded-ascent``): normalised steps of
+    length ``lr``, a stop once a batch's loss reaches it, the label margin where the loss is saturated.
 
     ``data`` is an ``(inputs, labels)`` tensor pair (shuffled into ``batch_size`` mini-batches with
     a generator seeded by ``seed``) or any re-iterable of ``(inputs, labels)`` batches such as a
@@ -122,8 +117,9 @@ def train_adapter_ascent(
         raise ValueError(f"lethe-adapter-steps must be >= 0, got {steps}")
     if not (math.isfinite(lr) and lr > 0):
         raise ValueError(f"lethe-adapter-lr must be a finite number > 0, got {lr}")
-    if not (math.isfinite(max_loss) and max_loss > 0):
-        raise ValueError(f"max_loss must be a finite number > 0, got {max_loss}")
+    if not max_loss > 0:
+        raise ValueError(f"max_loss must be > 0 (inf = the paper's plain ascent), got {max_loss}")
+    bounded = math.isfinite(max_loss)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not 0 <= adapter_index < len(model.plugins):
@@ -154,19 +150,20 @@ def train_adapter_ascent(
             if not math.isfinite(value) or value >= max_loss:
                 metrics["stopped_early"] = 1.0
                 break
-            grads = torch.autograd.grad(loss, params, retain_graph=True)
+            grads = torch.autograd.grad(loss, params, retain_graph=bounded)
             norm = _norm(grads)
-            if norm == 0.0:  # saturated: the cross-entropy's gradient underflowed to 0
+            if bounded and norm == 0.0:  # saturated: the cross-entropy's gradient underflowed to 0
                 grads = torch.autograd.grad(_margin_loss(logits, y), params)
                 norm = _norm(grads)
                 metrics["margin_steps"] += 1
-            if not (norm > 0.0 and math.isfinite(norm)):
+            if not math.isfinite(norm) or (bounded and norm == 0.0):
                 metrics["stopped_early"] = 1.0  # nothing to ascend along
                 break
             before = [p.detach().clone() for p in params]
             with torch.no_grad():
                 for p, g in zip(params, grads):
-                    _add_scaled(p, g, lr / norm)  # normalised ascent: φ ← φ + η ∇φ L / ‖∇φ L‖
+                    # bounded: φ ← φ + η ∇φ L / ‖∇φ L‖; the paper: φ ← φ + η ∇φ L
+                    _add_scaled(p, g, lr / norm if bounded else lr)
                 if not all(bool(torch.isfinite(p).all()) for p in params):
                     for p, old in zip(params, before):
                         p.copy_(old)
@@ -185,9 +182,8 @@ def _norm(grads) -> float:
 
 def _margin_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean of (largest other logit - the label's logit): what a step that lowers the label's margin
-    ascends. Used where the cross-entropy is saturated (float32 loss 0, gradient exactly 0: measured,
-    seed 34, 10 clients alpha 0.5, client backdoor — the original predicts every triggered sample
-    with such a margin that amplify could not move and Lethe forgot nothing). As the margin grows,
+    ascends. Used where the cross-entropy is saturated (float32 loss 0, gradient exactly 0: a model
+    that predicts every forget sample with a huge margin, from which amplify could not move). As the margin grows,
     the cross-entropy's gradient with respect to the logits, normalised, tends to the runner-up's
     logit minus the label's, which is this loss's gradient: the same ascent direction, without the
     underflow."""
@@ -198,9 +194,8 @@ def _margin_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def _add_scaled(param: torch.Tensor, grad: torch.Tensor, scale: float) -> None:
     """``param += scale * grad``. On a model saturated on the forget data the gradient can be so small
-    that ``1 / norm`` exceeds the largest float32, which torch refuses as ``alpha`` (measured: seed 34,
-    10 clients alpha 0.5, client backdoor, Lethe's second pass crashed); the product is formed in
-    float64 there (elsewhere the float32 ``alpha`` path, bit for bit as before)."""
+    that ``1 / norm`` exceeds the largest float32, which torch refuses as ``alpha``; the product is
+    formed in float64 there (elsewhere the float32 ``alpha`` path)."""
     if scale < torch.finfo(param.dtype).max:
         param.add_(grad, alpha=scale)
     else:
@@ -212,7 +207,7 @@ def loss_without_adapter(model: SplitModel, x: torch.Tensor, y: torch.Tensor, ba
     """Mean cross-entropy of the model with every ``LetheAdapter`` plug-in bypassed (other plug-ins,
     e.g. a filter, stay), in eval mode: how much the *backbone* alone has forgotten ``(x, y)``.
 
-    Lethe's rectification stops on this figure (``lethe-stop-loss``); the composite model's own
+    The loss stop of rectification reads this figure (``guard-stop-loss``); the composite model's own
     loss says nothing about it, since the adapter was trained to make it large. Clients report it
     in their ``train`` reply (``loss-before``, the task's ``loss_bypassing`` of this kind).
     """

@@ -155,19 +155,16 @@ def feasible_gamma_range(bounds: dict[str, tuple[float, float] | None]) -> tuple
 
 
 def layer_gammas(bounds: dict, gamma: float, mode: str) -> dict[str, float]:
-    """Gamma per layer: ``fixed`` = ``lethe-gamma`` everywhere (the paper); ``clamp`` = ``lethe-gamma``
-    clipped into the layer's Prop. IV.1 interval [s/|Δu|², |Δr|²/s] wherever the streams align;
-    ``upper`` = the interval's upper end |Δr|²/s (``lethe-gamma`` unused).
+    """Gamma per layer (``guard-gamma-rule``): ``fixed`` = ``lethe-gamma`` everywhere (the paper);
+    ``clamp`` = ``lethe-gamma`` clipped into the layer's Prop. IV.1 interval [s/|Δu|², |Δr|²/s] wherever
+    the streams align; ``upper`` = the interval's upper end |Δr|²/s (``lethe-gamma`` unused).
 
-    ``clamp`` and ``upper`` are our extensions: inside the interval the rectified update provably
-    increases the forget loss and does not oppose the retain stream (to first order), per layer and
-    per round. A fixed gamma outside it was measured to wreck utility on digits (test accuracy 0.09
-    after 5 rounds in the client scenario), because both streams, computed through the amplifying
-    adapter, mostly repair the adapter's damage and align in every layer. A small clamped gamma
-    lands on the lower end, where the update is orthogonal to the forget stream and forgets
-    nothing; ``upper`` is the strongest forgetting Prop. IV.1 allows (the update is orthogonal to
-    the retain stream instead) and was the only setting that forgot on digits.
-    """
+    ``clamp`` and ``upper`` are ours: inside the interval the rectified update increases the forget
+    loss and does not oppose the retain stream (to first order), per layer and per round. A fixed gamma
+    outside it can oppose the retain stream where both streams, computed through the amplifying
+    adapter, align in every layer; a small clamped gamma lands on the lower end, where the update is
+    orthogonal to the forget stream; ``upper`` is the strongest forgetting Prop. IV.1 allows (the
+    update is orthogonal to the retain stream instead)."""
     if mode == "fixed":
         return {k: gamma for k in bounds}
     if mode == "upper":
@@ -184,14 +181,9 @@ def clip_reference(retain: Layers, forget: Layers, floor: float) -> Layers:
     """What ``clip_to_reference`` bounds a rectified step by: the retain stream, or ``floor`` x the
     forget stream when that is longer (``floor`` 0: the retain stream alone).
 
-    Ours. The retain stream alone vanishes when the original fits the retained data (and the
-    backdoor) almost perfectly: measured, retained loss 0.014-0.035, |retain| 0.07 against |forget|
-    3.4, every clipped step too short and the backbone's forget loss stayed at 0 (1e-6) for all 10
-    rounds. The forget stream (computed through the amplifying adapter) does not vanish there; a
-    tenth of it is below the retain stream where the retain stream is of ordinary size (seed 42,
-    sample: |retain| / |forget| 0.10-0.18). (A lifted stream, :func:`lift_retain`, is already
-    that long: the bound is then the same either way.)
-    """
+    The retain stream alone vanishes when the original fits the retained data almost perfectly, and
+    every clipped step with it; the forget stream (computed through the amplifying adapter) does not.
+    A lifted stream (:func:`lift_retain`) is already that long: the bound is then the same either way."""
     if floor <= 0 or floor * global_norm(forget) <= global_norm(retain):
         return retain
     return {k: v * floor for k, v in forget.items()}
@@ -202,16 +194,11 @@ def lift_retain(retain: Layers, forget: Layers, floor: float) -> tuple[Layers, f
     ``floor`` x the forget stream's norm when it is shorter (``floor`` 0: never). Returns the stream
     and the factor applied (1.0: unchanged).
 
-    Ours. Raising only the bound (:func:`clip_reference`) does not lengthen the step where the
-    streams align: there the upper-gamma step ``Δr - (‖Δr‖²/s) Δu`` has length ``‖Δr‖ tan θ`` and
-    vanishes with the retain stream (measured, seed 17, 10 clients, sample: |retain| / |forget|
-    0.017-0.03, retained loss 0.013; the backbone still predicted 0.847 of the forget set as its
-    label after 10 rounds). Proposition IV.1 constrains only signs of inner
-    products, and a positive factor on ``Δr`` changes none of them (its gamma interval scales with
-    it), so the lifted stream keeps every guarantee while the step no longer shrinks with the
-    retained loss. Where the retain stream is of ordinary size (seed 42, sample: |retain| / |forget|
-    0.10-0.18, floor 0.1) nothing changes.
-    """
+    Raising only the bound (:func:`clip_reference`) does not lengthen the step where the streams align:
+    there the upper-gamma step ``Δr - (‖Δr‖²/s) Δu`` has length ``‖Δr‖ tan θ`` and vanishes with the
+    retain stream. Proposition IV.1 constrains only signs of inner products, and a positive factor on
+    ``Δr`` changes none of them (its gamma interval scales with it), so the lifted stream keeps every
+    guarantee while the step no longer shrinks with the retained loss."""
     retain_norm, target = global_norm(retain), floor * global_norm(forget)
     if floor <= 0 or target <= retain_norm or retain_norm == 0:  # (an all-zero stream has no direction)
         return retain, 1.0
@@ -222,12 +209,11 @@ def lift_retain(retain: Layers, forget: Layers, floor: float) -> tuple[Layers, f
 def clip_to_reference(update: Layers, reference: Layers, ratio: float) -> Layers:
     """Scale ``update`` down so its global L2 norm is at most ``ratio`` x the reference's (0 = off).
 
-    Our safeguard, not the paper's: where the streams anti-align eq. 10 applies ``-Δu``, a gradient
-    *ascent* step on the forget data, and the forget loss grows round after round, so does ``Δu``;
-    measured on digits, this diverged to non-finite weights within 3-4 rounds. Bounding each
-    rectified step by the retain stream's size (a normal FedAvg step) keeps the direction of eq. 10
-    and the per-layer signs of Prop. IV.1 (a positive scale changes no inner-product sign).
-    """
+    Ours (``guard-step-clip``): where the streams anti-align eq. 10 applies ``-Δu``, a gradient *ascent*
+    step on the forget data; as the forget loss grows, so does ``Δu``, and unbounded steps can diverge
+    to non-finite weights within a few rounds. Bounding each rectified step by the retain stream's size
+    (a normal FedAvg step) keeps the direction of eq. 10 and the per-layer signs of Prop. IV.1 (a
+    positive scale changes no inner-product sign)."""
     if ratio <= 0:
         return update
     norm = torch.sqrt(sum((v.double() ** 2).sum() for v in update.values()))
@@ -252,8 +238,7 @@ def rectify_verdict(forget_loss: float, stop_loss: float, retain_loss: float | N
 
     - ``"explode"``: a loss is non-finite;
     - ``"overshoot"``: the forget loss is past ``OVERSHOOT`` (3) x ``stop_loss`` — the step that
-      produced the model was far too long (measured: 37 and 2e3 nats against a 12-nat stop, with a
-      dead model behind them);
+      produced the model was far too long;
     - ``"utility"``: the retained loss rose more than ``max_rise`` nats above the reference;
     - ``"stop"``: the forget loss reached ``stop_loss`` (the normal end);
     - ``"go"``: rectify on.

@@ -1,9 +1,9 @@
-"""Phase 2 of Lethe: dual-stream rectification of the backbone, with our stops and guard.
+"""Phase 2 of Lethe: dual-stream rectification of the backbone (eq. 7-11), and the guards around it.
 
 :class:`RectifyPhase` is mixed into :class:`strategies.lethe.strategy.Lethe`, whose ``_streams``
 runs one round of both streams, ``later_pass`` says whether this is a verify pass, and
-``_forget_eval`` asks the forget clients what the backbone still predicts. The module docstring of
-``strategies.lethe.strategy`` gives the phase in the paper's terms; the methods below give our rules.
+``_forget_accuracy`` asks the forget clients what the backbone still predicts. With every ``guard-*``
+key at its default this is the paper's phase: T rounds, eq. 10 with a fixed γ, eq. 11.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from strategies.common.fedavg_rounds import mean_update
 from strategies.common.federation import RunStopped
 from strategies.lethe.maths import (check_gamma, clip_reference, clip_to_reference, feasible_gamma_range, gamma_bounds,
                                     layer_gammas, lift_retain, rectify, rectify_verdict, scale_update)
-from strategies.lethe.settings import scenario_setting
+from strategies.common.guards import STOP_FORGET_ACC, VERIFY_FORGET_ACC, VERIFY_LIFT
+from strategies.lethe.settings import rectify_lr
 from strategies.lethe.views import State, apply_step, mean_loss, retain_losses
 from tasks.model import PLUGIN_PREFIX
 from tasks.validity import nonfinite_tensors
@@ -26,43 +27,43 @@ from tasks.validity import nonfinite_tensors
 log = logging.getLogger("fedunlearn")
 
 SHRINK_TRIES = 3  # halvings of an overshooting rectification step before it is rolled back
-REFERENCE_SEARCH = 3  # bisection steps of the client scenario's last step towards the reference
 
 
 class RectifyPhase:
     """Lethe's rectification rounds and the rules that stop and guard them."""
 
     def rectify_rounds(self, ctx: UnlearnContext, state: State, plugins: list[dict]) -> tuple[State, list, dict]:
-        """Phase 2: at most ``lethe-rectify-rounds`` rounds of dual-stream rectification of the backbone.
+        """Phase 2: ``lethe-rectify-rounds`` rounds of dual-stream rectification of the backbone.
 
-        Returns the rectified state, the per-round history and the guard's record. The guard (ours):
-        every round's reports judge the model the previous step produced (``rectify_verdict``): a
-        non-finite report or a forget loss past 3x ``lethe-stop-loss`` has that step halved (at most
-        ``SHRINK_TRIES`` times, each half checked by one more round of reports) or else rolled
-        back; a retained loss more than ``lethe-max-retain-rise`` nats above the retained clients'
-        loss on the starting model rolls the step back, except the pass's first step, which is halved
-        the same way (``_repair``). A rollback ends rectification, and so does a
-        shortened step at or past the stop; a shortened step still short of it is kept and
-        rectification goes on from it (``guard["shrunk_then_on"]``: measured, seed 15, 7 clients
-        alpha 0.1, client: the forget loss stayed 0 for four rounds, the fifth step jumped to 84
-        nats, its half gave 0.0003 — nothing forgotten had rectification stopped there). A step whose
-        result would be non-finite is never applied. ``guard["unchecked"]`` holds the last step
-        when the round cap ended the phase before any report judged it (restore checks it)."""
+        Each round: both streams from the composite model (forget clients: eq. 7; retained clients,
+        count-weighted: eq. 8), then per named parameter tensor eq. 10 with the γ of
+        ``guard-gamma-rule`` and eq. 11. Buffers (BatchNorm statistics) take the retain stream's average.
+        Returns the rectified state, the per-round history (stream norms, the Prop. IV.1 bounds per
+        layer and whether each γ lies inside them) and the guard's record.
+
+        A step whose result would be non-finite is never applied, and a round whose reports are
+        non-finite rolls the step before it back; rectification then stops (the model must stay
+        finite to be evaluated). The guards (off by default): ``guard-step-clip`` bounds each step
+        and lifts a vanishing retain stream; ``guard-stop-loss`` ends the phase once the backbone's
+        forget loss reaches it and the backbone predicts at most ``STOP_FORGET_ACC`` of the forget set
+        as its label, and halves (at most ``SHRINK_TRIES`` times) or rolls back a step past 3x it;
+        ``guard-retain-rise`` rolls back a step that raised the retained clients' loss by more than it
+        (a pass's first step is halved first, since rolling it back ends the pass where it began). A
+        shortened step still short of the stop is kept and rectification goes on from it
+        (``guard["shrunk_then_on"]``). ``guard["unchecked"]`` holds the last step when the round cap
+        ended the phase before any report judged it (the rectified restore checks it)."""
         cfg, fed = ctx.cfg, ctx.fed
         param_names = [n for n, _ in ctx.model_factory(plugins).named_parameters()
                        if not n.startswith(PLUGIN_PREFIX)]
         buffer_names = [k for k in state if k not in param_names and not k.startswith(PLUGIN_PREFIX)]
         gamma, history = cfg["lethe-gamma"], []
-        # a class needs larger steps (docs/lethe.md, "In the app")
-        lr, step_clip = scenario_setting(cfg, "lethe-lr"), scenario_setting(cfg, "lethe-step-clip")
-        clip_floor = scenario_setting(cfg, "lethe-clip-floor")
-        lift_on = scenario_setting(cfg, "lethe-lift-retain")
+        step_clip, clip_floor = cfg["guard-step-clip"], cfg["guard-clip-floor"]
+        lift_on = step_clip > 0  # the step-clip guard also lifts a vanishing retain stream
         lift_floor = clip_floor if lift_on else 0.0
-        if lift_on and self.later_pass:  # restore has just fit the retained data (lethe-verify-lift)
-            lift_floor = max(lift_floor, cfg["lethe-verify-lift"])
-        local = {"scope": "base", "lr": lr, "epochs": cfg["lethe-epochs"]}
-        judge = _Judge(cfg["lethe-stop-loss"], scenario_setting(cfg, "lethe-max-retain-rise"),
-                       relative=self.later_pass)
+        if lift_on and self.later_pass:  # restore has just fit the retained data
+            lift_floor = max(lift_floor, VERIFY_LIFT)
+        local = {"scope": "base", "lr": rectify_lr(cfg), "epochs": cfg["lethe-epochs"]}
+        judge = _Judge(cfg["guard-stop-loss"], cfg["guard-retain-rise"], relative=self.later_pass)
         guard: dict = {"action": "none"}
         previous = None  # (state before the last applied step, the step, its retain views, its round)
         checkpoints: list[State] = []  # the state before every applied step, oldest first
@@ -70,7 +71,7 @@ class RectifyPhase:
         for t in range(1, cfg["lethe-rectify-rounds"] + 1):
             ask_start = {"report-loss-before": "retain"} if t == 1 else {}
             forget_views, retain_views, forget_loss = self._streams(ctx, state, plugins, round_no=t,
-                                                                    stop_loss=cfg["lethe-stop-loss"], **local,
+                                                                    stop_loss=cfg["guard-stop-loss"], **local,
                                                                     **ask_start)
             fed.cost(fed.phase).rounds += 1
             if t == 1 and all("loss-before" in v["metrics"] for v in retain_views):
@@ -98,18 +99,14 @@ class RectifyPhase:
                                  f"non-finite on the starting model (norms {norms}); lower lethe-lr")
             if verdict == "stop" and not self._forgotten(ctx, state, t, entry):
                 verdict = "go"
-            if verdict == "go" and t > 1 and self._at_reference(ctx, state, t, entry):
-                verdict = "stop"
             if verdict != "go":
                 log.info("[lethe] rectify round %d: the backbone's forget loss %.3g against the stop %g: "
                          "rectification stops", t, forget_loss, judge.stop_loss)
                 history.append({**entry, "stopped": True})
-                if previous is not None and self._reference_on(cfg) and "forget_reference" not in entry:
-                    state, guard["reference_search"] = self._back_to_reference(ctx, state, previous, t, buffer_names)
                 break
             retain, lift = lift_retain(retain, forget, lift_floor)
             bounds = gamma_bounds(retain, forget)
-            gammas = layer_gammas(bounds, gamma, cfg["lethe-gamma-mode"])
+            gammas = layer_gammas(bounds, gamma, cfg["guard-gamma-rule"])
             inside = check_gamma(bounds, gammas)
             update = clip_to_reference(rectify(retain, forget, gammas), clip_reference(retain, forget, clip_floor),
                                        step_clip)
@@ -128,7 +125,7 @@ class RectifyPhase:
                      "of them",
                      t, cfg["lethe-rectify-rounds"], norms["retain"], lift, norms["forget"], forget_loss,
                      "n/a" if retain_loss is None else f"{retain_loss:.3g}", len(aligned), len(bounds),
-                     cfg["lethe-gamma-mode"], sum(inside[k] for k in aligned))
+                     cfg["guard-gamma-rule"], sum(inside[k] for k in aligned))
             feasible = feasible_gamma_range(bounds)
             history.append({**entry, "retain_norm": norms["retain"], "forget_norm": norms["forget"],
                             "retain_lift": lift, "feasible_gamma": list(feasible) if feasible else None,
@@ -141,50 +138,40 @@ class RectifyPhase:
         guard["baseline_retain_loss"] = judge.reference_loss
         guard["start_retain_loss"] = start_loss
         if judge.relative:
-            guard["stop_loss"] = judge.stop_loss  # this pass's stop: lethe-stop-loss above its start
+            guard["stop_loss"] = judge.stop_loss  # this pass's stop: guard-stop-loss above its start
         guard["checkpoints"] = [c for c in checkpoints if c is not state]
         return state, history, guard
 
     def _forgotten(self, ctx: UnlearnContext, state: State, round_no: int, entry: dict) -> bool:
-        """Our stop condition beside the mean forget loss: the share of the forget set the backbone
-        (adapter bypassed) still predicts as its label is at most ``lethe-stop-forget-acc`` (1 = not
-        asked). One ``evaluate`` message to each forget client; measured (seed 11, 7 clients, sample),
-        a mean of 12.5 nats hid 17.5 % of the forget set still carrying the backdoor."""
-        limit = scenario_setting(ctx.cfg, "lethe-stop-forget-acc")
-        if self.later_pass and limit < 1:
-            limit = ctx.cfg["lethe-verify-forget-acc"]
-        if limit >= 1:
-            return True
+        """The loss stop's second condition: the backbone (adapter bypassed) predicts at most
+        ``STOP_FORGET_ACC`` of the forget set as its label (``VERIFY_FORGET_ACC`` in a verify pass);
+        a mean forget loss can hide a part of the forget set still known. One ``evaluate`` message
+        to each forget client."""
+        limit = VERIFY_FORGET_ACC if self.later_pass else STOP_FORGET_ACC
         acc = entry["forget_acc"] = self._forget_accuracy(ctx, state, round_no)
         if acc > limit:
             log.info("[lethe] rectify round %d: forget loss at the stop, but the backbone still predicts %.3f of "
-                     "the forget set as its label (> lethe-stop-forget-acc %g): rectification goes on",
-                     round_no, acc, limit)
+                     "the forget set as its label (> %g): rectification goes on", round_no, acc, limit)
         return acc <= limit
 
     def _repair(self, ctx: UnlearnContext, plugins: list[dict], previous, verdict: str, judge: "_Judge",
                 round_no: int, buffer_names: list[str], local: dict) -> tuple[State, dict]:
-        """The step of ``previous`` broke something (``verdict``): shorten it (overshoot, explode, or
-        utility in the pass's first round) or roll it back (utility later on, or when no shortened
-        step passes). Returns the state and the record.
-
-        A later step that costs utility is rolled back, keeping what the rounds before it forgot. The
-        first step has nothing before it: rolled back, the pass ends on its starting model, and a
-        verify pass from that model takes the same step again. Measured (seed 165, 7 clients alpha
-        0.1, sample, with ``lr=0.02 local-epochs=1 pretrain-rounds=60``): all four passes rolled
-        round 1 back and the backdoor stayed (U-KR 1.000); its half kept the retained loss in bound
-        and the request was carried out (U-KR 0.000, test accuracy 0.983 against retrain's 0.978)."""
+        """The step of ``previous`` broke something (``verdict``): with a guard on, shorten it
+        (overshoot, explode, or utility in the pass's first round) or roll it back (utility later on,
+        or when no shortened step passes); with none on (the paper), roll it back. Returns the state
+        and the record. A later step that costs utility is rolled back, keeping what the rounds
+        before it forgot; the first step has nothing before it, so it is shortened instead."""
         fed, cfg = ctx.fed, ctx.cfg
         start, step, retain_views, step_round = previous
         record = {"round": step_round, "verdict": verdict}
-        if verdict != "utility" or step_round == 1:
+        if judge.guarded and (verdict != "utility" or step_round == 1):
             for k in range(1, SHRINK_TRIES + 1):
                 factor = 0.5 ** k
                 candidate = apply_step(start, scale_update(step, factor), retain_views, buffer_names)
                 if nonfinite_tensors(candidate):
                     continue
                 _, views, forget_loss = self._streams(ctx, candidate, plugins, round_no=round_no,
-                                                      stop_loss=cfg["lethe-stop-loss"], **local)
+                                                      stop_loss=cfg["guard-stop-loss"], **local)
                 fed.cost(fed.phase).rounds += 1
                 again, retain_loss = judge(forget_loss, views)
                 log.info("[lethe] guard: round %d's step x %g gives forget loss %.3g, retained loss %s: %s",
@@ -198,56 +185,6 @@ class RectifyPhase:
         log.warning("[lethe] guard: round %d's step (%s) rolled back; rectification stops", step_round, verdict)
         return start, {**record, "action": "rolled-back"}
 
-    @staticmethod
-    def _reference_on(cfg) -> bool:
-        # lethe-stop-loss=inf means "always lethe-rectify-rounds": no early stop of any kind
-        return (cfg["scenario"] == "client" and cfg["lethe-stop-at-reference-client"]
-                and math.isfinite(cfg["lethe-stop-loss"]))
-
-    def _back_to_reference(self, ctx: UnlearnContext, state: State, previous, round_no: int,
-                           buffer_names: list[str]) -> tuple[State, dict]:
-        """The loss stop fired in the client scenario: if the last step took the backbone's target
-        share of the forget set below the reference (``_at_reference``), shorten that step to the
-        shortest of the factors 1, 1/2 ... (bisection, ``REFERENCE_SEARCH`` evaluations of the
-        forget clients, no training) whose share is still at most the reference. Measured (seed 21,
-        client, 10 clients): one step took the share 0.39 -> past the stop, U-KR 0.064 against
-        retrain's 0.200 (the reference there: 0.18)."""
-        start, step, retain_views, _ = previous
-        acc, reference = self._forget_eval(ctx, state, round_no)
-        record = {"reference": reference, "full_step_forget_acc": acc, "factor": 1.0}
-        if acc > reference:
-            return state, record
-        low, high, best = 0.0, 1.0, state
-        for _ in range(REFERENCE_SEARCH):
-            mid = (low + high) / 2
-            candidate = apply_step(start, scale_update(step, mid), retain_views, buffer_names)
-            acc_mid, _ = self._forget_eval(ctx, candidate, round_no)
-            if acc_mid > reference:
-                low = mid
-            else:
-                high, best, acc = mid, candidate, acc_mid
-        log.info("[lethe] rectify: the last step shortened to x %g (target share %.3f, reference %.3f)", high, acc,
-                 reference)
-        return best, {**record, "factor": high, "forget_acc": acc}
-
-    def _at_reference(self, ctx: UnlearnContext, state: State, round_no: int, entry: dict) -> bool:
-        """Client scenario with ``lethe-stop-at-reference-client`` (ours): has the backbone (adapter
-        bypassed) stopped predicting the leaving client's triggered data as the target more often
-        than it predicts the client's own clean local test data of the other classes (the same
-        client's distribution, no trigger) as the target? That share is what a model without the
-        backdoor does, and the loss stop alone can drive the share below it (measured when the forget
-        set still held the target class: 0.05 / 0.025 against retrain's 0.313 / 0.113). One
-        ``evaluate`` message to each forget client per round."""
-        if not self._reference_on(ctx.cfg):
-            return False
-        forget_acc, reference = self._forget_eval(ctx, state, round_no)
-        entry.update(forget_acc=forget_acc, forget_reference=reference)
-        if forget_acc <= reference:
-            log.info("[lethe] rectify round %d: the backbone predicts %.3f of the forget set as the target, at most "
-                     "the %.3f of the forget clients' clean test data: rectification stops", round_no, forget_acc,
-                     reference)
-        return forget_acc <= reference
-
 
 class _Judge:
     """``rectify_verdict`` with the retained clients' reference: their losses in the first round,
@@ -258,6 +195,7 @@ class _Judge:
 
     def __init__(self, stop_loss: float, max_rise: float, *, relative: bool = False):
         self.stop_loss, self.max_rise, self.relative = stop_loss, max_rise, relative
+        self.guarded = math.isfinite(stop_loss) or math.isfinite(max_rise)  # a guard judges the steps
         self.baseline: dict[int, float] = {}
         self.reference_loss: float | None = None
 

@@ -1,8 +1,9 @@
-"""Phase 3 of Lethe: restore the utility of the rectified, adapter-free backbone.
+"""Phase 3 of Lethe, with ``guard-rectified-restore``: restore the utility of the rectified,
+adapter-free backbone without re-learning the forget data (ours).
 
 :class:`RestorePhase` is mixed into :class:`strategies.lethe.strategy.Lethe`, whose ``_streams``
-runs one round of both streams. ``lethe-restore-mode=rectified`` (ours, the default) runs here;
-the paper's FedAvg restore is run by ``Lethe.one_pass`` itself.
+runs one round of both streams. The paper's restore (R rounds of FedAvg on the retained clients) is
+run by ``Lethe.one_pass`` itself.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import NamedTuple
 from strategies.common.base import UnlearnContext
 from strategies.common.fedavg_rounds import mean_update
 from strategies.lethe.maths import layer_alignment, rectify_verdict, remove_forget_component, scale_update
-from strategies.lethe.settings import scenario_setting
+from strategies.common.guards import RESTORE_RETRIES, RESTORE_TARGET_RISE, WALK_BACK_SEARCH, WALK_BACK_SEARCH_RISE
 from strategies.lethe.views import State, apply_step, losses_before, mean_loss, retain_losses
 from tasks.validity import nonfinite_tensors
 
@@ -42,50 +43,34 @@ class RestorePhase:
                        guard: dict | None = None, checkpoints: list[State] | None = None,
                        reference: float | None = None, target_reference: float | None = None,
                        lr_scale: float = 1.0) -> State:
-        """Phase 3, ``lethe-restore-mode=rectified`` (our rule): ``lethe-restore-rounds`` rounds in which
-        the retained clients train the adapter-free model as in FedAvg (the run's ``lr`` times
-        ``lr_scale``, ``local-epochs``) and the forget clients do the same on their forget data; the server applies
-        the retain stream with its component along the forget stream removed wherever they align
+        """Phase 3 with ``guard-rectified-restore``: ``lethe-restore-rounds`` rounds in which the
+        retained clients train the adapter-free model as in FedAvg (the run's ``lr`` times ``lr_scale``,
+        ``local-epochs``) and the forget clients do the same on their forget data; the server applies the
+        retain stream with its component along the forget stream removed wherever they align
         (``remove_forget_component``), so utility comes back without re-learning the forget data.
 
-        ``fallback``: the model before rectification's last step when no report judged that step
-        (the round cap ended rectification). The first restore round's forget clients then also
-        report their forget loss of the received model; if it is non-finite or past 3x
-        ``lethe-stop-loss`` the step is rolled back (recorded in ``guard``) and the round is run again
-        from ``fallback``. A restore round whose result would be non-finite is not applied and ends
-        restore (``guard["restore_refused_round"]``): the model stays the last finite one, which the
-        run then evaluates (and its validity check judges) like any other. A round whose retained
-        clients report a loss more than ``lethe-max-retain-rise`` above their report of the first
-        restore round (or a non-finite one) shows that the previous restore step broke utility: that
-        step is rolled back and restore stops (``guard["restore_rolled_back_round"]``; measured: seed
-        12, 10 clients alpha 0.5, class — restore took test accuracy to 0.08 and then to NaN).
+        ``fallback``: the model before rectification's last step when no report judged that step. The
+        first restore round's forget clients then report their forget loss of the received model; if it
+        is non-finite or past 3x ``guard-stop-loss`` the step is rolled back and the round runs again from
+        ``fallback``. A restore round whose result would be non-finite is not applied and ends restore
+        (``guard["restore_refused_round"]``). A round whose retained clients report a loss more than
+        ``guard-retain-rise`` above their report of the first restore round rolls the previous restore
+        step back and ends restore (``guard["restore_rolled_back_round"]``).
 
-        ``checkpoints`` (the adapter-free backbones before each applied rectification step, oldest
-        first; the ones used are popped) and ``reference`` (the retained clients' training loss in
-        rectification's first round, on the model it started from with the adapter on): rectification
-        judged its steps through the adapter; the first
-        restore round is the first report on the backbone alone. While its retained loss is more
-        than ``lethe-max-backbone-rise`` above ``reference`` (or non-finite), the rectified backbone
-        is broken without its adapter: restore goes back one rectification step (the round is run
-        again; ``guard["backbone_steps_undone"]``), at worst to the original; then the largest passing
-        fraction of the step undone last is taken back (:meth:`_backbone_search`).
+        The walk-back (``guard-walk-back``): rectification judged its steps through the adapter, and the
+        first restore round is the first report on the backbone alone. While its retained loss is more
+        than ``guard-walk-back`` above ``reference`` (the retained clients' loss in rectification's first
+        round), restore goes back one rectification step (``checkpoints``, oldest first;
+        ``guard["backbone_steps_undone"]``), at worst to the original; then the largest passing fraction
+        of the step undone last is taken back (:meth:`_backbone_search`).
 
-        Extra rounds (ours): while no model that :func:`_best_restored` may keep (after at least
-        ``MIN_RESTORE_STEPS`` restore steps) has a retained loss (its reports, as it reads them)
-        within ``lethe-restore-target-rise`` of ``target_reference`` (the same clients' loss of the
-        model rectification started from, read the same way: the received backbone, adapter
-        bypassed, before any training), at most ``lethe-restore-extra-rounds`` more rounds follow,
-        each applying ``EXTRA_STEP`` of its update (``guard["restore_extra_rounds"]``); the first
-        model within the target ends restore.
-        Measured (seed 11, 7 clients alpha 0.1, class): five rounds swung the retained loss to 2.6
-        and 4.3 and the best of them was 0.51 above the original (test accuracy 0.819 against
-        retrain's 0.960); ten extra full steps kept swinging (best 0.139, test 0.919); half steps
-        reached 0.078 after nine (test 0.947). Restore's own rollback guard does not judge extra
-        rounds (they only ever add candidates), and one that would make the model non-finite ends
-        them (``guard["restore_stopped_round"]``) without counting as a failed restore."""
+        Extra rounds (``guard-restore-extra-rounds``): while no model that :func:`_best_restored` may keep
+        has a retained loss within ``RESTORE_TARGET_RISE`` of ``target_reference`` (the same clients' loss of
+        the model rectification started from, read the same way), more rounds follow, each applying
+        ``EXTRA_STEP`` of its update; the first model within the target ends restore."""
         cfg, fed = ctx.cfg, ctx.fed
-        retain_rise = scenario_setting(cfg, "lethe-max-retain-rise")
-        backbone_rise = scenario_setting(cfg, "lethe-max-backbone-rise")
+        retain_rise = cfg["guard-retain-rise"]
+        backbone_rise = cfg["guard-walk-back"]
         guard = {} if guard is None else guard
         param_names = [n for n, _ in ctx.model_factory([]).named_parameters()]
         buffer_names = [k for k in state if k not in param_names]
@@ -95,15 +80,15 @@ class RestorePhase:
         before = None  # the state before the last applied restore step
         judged: list[tuple[dict, State]] = []  # (retained loss-before per node, the state it judges)
         rounds = cfg["lethe-restore-rounds"]
-        target = None if target_reference is None else target_reference + cfg["lethe-restore-target-rise"]
-        for t in range(1, rounds + (cfg["lethe-restore-extra-rounds"] if rounds else 0) + 1):
+        target = None if target_reference is None else target_reference + RESTORE_TARGET_RISE
+        for t in range(1, rounds + (cfg["guard-restore-extra-rounds"] if rounds else 0) + 1):
             round_no = cfg["lethe-rectify-rounds"] + t
             check = fallback is not None and t == 1
             forget_views, retain_views, forget_loss = self._streams(
-                ctx, state, [], round_no=round_no, stop_loss=cfg["lethe-stop-loss"] if check else None, **local)
+                ctx, state, [], round_no=round_no, stop_loss=cfg["guard-stop-loss"] if check else None, **local)
             fed.cost(fed.phase).rounds += 1
             if check:
-                verdict = rectify_verdict(forget_loss, guard.get("stop_loss", cfg["lethe-stop-loss"]), None, None,
+                verdict = rectify_verdict(forget_loss, guard.get("stop_loss", cfg["guard-stop-loss"]), None, None,
                                           retain_rise)
                 if verdict in ("explode", "overshoot"):
                     log.warning("[lethe] guard: the last rectify step gives forget loss %.3g (%s): rolled back",
@@ -125,7 +110,7 @@ class RestorePhase:
                     undone, state = state, checkpoints.pop()
                     forget_views, retain_views, _ = self._streams(ctx, state, [], round_no=round_no, **local)
                     fed.cost(fed.phase).rounds += 1
-                if undone is not None and cfg["lethe-backbone-search"] and _backbone_ok(
+                if undone is not None and WALK_BACK_SEARCH and _backbone_ok(
                         retain_views, reference, backbone_rise):
                     state, forget_views, retain_views = self._backbone_search(
                         ctx, state, undone, (forget_views, retain_views), reference, round_no, local, guard,
@@ -140,7 +125,7 @@ class RestorePhase:
                     break
                 guard["restore_extra_rounds"] = t - rounds
                 log.info("[lethe] restore: no model restore may keep is within %.3g nats of the retained loss on the "
-                         "start (best %.3g): extra round %d", cfg["lethe-restore-target-rise"], _best_candidate(judged),
+                         "start (best %.3g): extra round %d", RESTORE_TARGET_RISE, _best_candidate(judged),
                          t - rounds)
             now, then = retain_losses(retain_views, baseline)
             if not extra and before is not None and now is not None and not (
@@ -177,23 +162,21 @@ class RestorePhase:
 
     def _backbone_search(self, ctx: UnlearnContext, start: State, undone: State, views, reference: float,
                          round_no: int, local: dict, guard: dict, checkpoints: list[State]):
-        """The walk-back went back to ``start`` (its retained loss within ``lethe-max-backbone-rise``) from
+        """The walk-back went back to ``start`` (its retained loss within ``guard-walk-back``) from
         ``undone`` (above it): bisect the undone step, ``start + f (undone - start)``, for the largest
-        ``f`` whose retained loss is at most ``start``'s own plus ``lethe-backbone-search-rise`` (and
-        within ``lethe-max-backbone-rise`` of ``reference``), so that less of the step's forgetting is
-        lost. ``lethe-backbone-search`` probes, each one round of both streams from the candidate,
-        charged to the phase. Returns ``(state, forget views, retain views)`` of the chosen candidate;
-        with ``f > 0`` the ``start`` is put back on ``checkpoints`` (a restore retry goes back to it).
-        ``guard["backbone_fraction"]`` is ``f``, ``guard["backbone_search"]`` the ``[f, loss]`` probes,
-        ``guard["backbone_checkpoint_loss"]`` ``start``'s retained loss (docs/lethe-log.md, "A fractional
-        walk-back")."""
+        ``f`` whose retained loss is at most ``start``'s own plus ``WALK_BACK_SEARCH_RISE`` (and within
+        ``guard-walk-back`` of ``reference``), so that less of the step's forgetting is lost; each of the
+        ``WALK_BACK_SEARCH`` probes is one round of both streams from the candidate. Returns ``(state,
+        forget views, retain views)`` of the chosen candidate; with ``f > 0`` the ``start`` is put back on
+        ``checkpoints`` (a restore retry goes back to it). Recorded: ``guard["backbone_fraction"]``,
+        ``guard["backbone_search"]`` (the ``[f, loss]`` probes), ``guard["backbone_checkpoint_loss"]``."""
         cfg, fed = ctx.cfg, ctx.fed
         low, high, best = 0.0, 1.0, (start, *views)
         start_loss = guard["backbone_checkpoint_loss"] = mean_loss(views[1])
-        bound = min(reference + scenario_setting(cfg, "lethe-max-backbone-rise"),
-                    start_loss + cfg["lethe-backbone-search-rise"])
+        bound = min(reference + cfg["guard-walk-back"],
+                    start_loss + WALK_BACK_SEARCH_RISE)
         probes = guard["backbone_search"] = []
-        for _ in range(cfg["lethe-backbone-search"]):
+        for _ in range(WALK_BACK_SEARCH):
             mid = (low + high) / 2
             candidate = _interpolate(start, undone, mid)
             forget_views, retain_views, _ = self._streams(ctx, candidate, [], round_no=round_no, **local)
@@ -214,35 +197,16 @@ class RestorePhase:
     def restore_within_bound(self, ctx: UnlearnContext, base: State, fallback: State | None, guard: dict,
                              checkpoints: list[State], start_loss: float | None) -> State:
         """Restore (:meth:`_restore_with_retries`) such that the model it keeps is rated by the retained
-        clients at most ``lethe-max-retain-rise`` above ``start_loss`` (their loss of the original,
-        :func:`pass_utility`). Where it is not, restore is run again from the same backbone and
-        checkpoints with the clients' lr halved, at most ``RESTORE_HALVINGS`` times; the first restore
-        within the bound is kept, else the one whose kept model the retained clients rate best
-        (then :meth:`Lethe.unlearn` judges the pass broken). The same holds where the retained clients
-        predict their label for a share of their training data more than ``lethe-max-fit-drop`` below the
-        original's share (:meth:`Lethe.retained_fit`, ``guard["retained_fit"]``). ``guard`` ends as the kept attempt's;
-        where more than one ran, ``guard["restore_halvings"]`` lists each: ``lr_scale``,
-        ``retain_loss`` (of its kept model), ``retained_fit`` (where measured), ``kept``.
-
-        Ours. Restore is FedAvg at the run's lr on non-IID clients; from a model that FedAvg itself
-        reached with a small step it can diverge where a smaller step does not. Measured (seed 24,
-        7 clients alpha 0.1, sample, ``lr-schedule='cosine'``, whose last pretraining rounds run at
-        under 1 % of the lr): each restore from the rectified backbone, and both retries from
-        earlier checkpoints, diverged in its second round (retained loss about 1.1 against 0.2); the
-        kept model's was 2.6 against the original's 0.094 and its test accuracy 0.702 (retrain's
-        0.947). The same backbone restored at half the lr gave 0.933, at a quarter 0.936. A
-        restore within the bound at the run's lr is not touched, so the constant-lr runs measured
-        before this rule are unchanged (none of the 48 cells of seeds 124-131 broke the bound).
-
-        The fit bound (ours): the client scenario's loss bound is 2 nats, because its forget stream of all
-        the leaving client's data lifts the retained loss by design, and a restore that diverged can end
-        below it. Measured (seed 208, 7 clients alpha 0.1, client, on a second machine): restore's losses
-        swung up to 1.8e3 nats and it kept a model at 1.77 against the original's 0.004 that predicted 397
-        of the 1102 retained training samples' labels (the original 1102) and read test accuracy 0.276
-        against retrain's 0.933; at 212 a verify pass kept one at 1.67 nats, 787 of 1098, test 0.702
-        against 0.925. Among the 18 kept models of those cells that had not broken, the share fell by at
-        most 0.017 (docs/lethe-log.md, "A restored model that does not fit the retained data is broken")."""
-        rise, fit_drop = scenario_setting(ctx.cfg, "lethe-max-retain-rise"), ctx.cfg["lethe-max-fit-drop"]
+        clients at most ``guard-retain-rise`` above ``start_loss`` (their loss of the original,
+        :func:`pass_utility`) and, with ``guard-fit-drop``, predicts the label of a share of their training
+        data at most that far below the original's (:meth:`Lethe.retained_fit`). Where it is not, restore
+        runs again from the same backbone and checkpoints with the clients' lr halved, at most
+        ``RESTORE_HALVINGS`` times: restore is FedAvg on non-IID clients and can diverge where a smaller
+        step does not. The first restore within the bounds is kept, else the one whose kept model the
+        retained clients rate best (then :meth:`Lethe.attempt` reports the pass as not carried out).
+        ``guard`` ends as the kept attempt's; where more than one ran, ``guard["restore_halvings"]`` lists
+        each: ``lr_scale``, ``retain_loss`` (of its kept model), ``retained_fit`` (where measured), ``kept``."""
+        rise, fit_drop = ctx.cfg["guard-retain-rise"], ctx.cfg["guard-fit-drop"]
         attempts: list[_Attempt] = []
         for halving in range(RESTORE_HALVINGS + 1):
             scale = 0.5 ** halving
@@ -271,16 +235,16 @@ class RestorePhase:
 
     def _restore_with_retries(self, ctx: UnlearnContext, base: State, fallback: State | None, guard: dict,
                               checkpoints: list[State], lr_scale: float = 1.0) -> State:
-        """Restore from ``base``; while restore's own guard had to act (a restore step rolled back or
-        refused: restore diverged from this backbone) and rectification checkpoints are left, at
-        most ``lethe-restore-retries`` times: restore again from the backbone one rectification step
-        earlier (``guard["restore_retries"]`` records what each failed attempt's guard did)."""
-        for attempt in range(ctx.cfg["lethe-restore-retries"] + 1):
+        """Restore from ``base``; while restore's own rollback acted (a restore step rolled back or
+        refused) and rectification checkpoints are left, at most ``RESTORE_RETRIES`` times: restore again
+        from the backbone one rectification step earlier (``guard["restore_retries"]`` records what each
+        failed attempt's guard did)."""
+        for attempt in range(RESTORE_RETRIES + 1):
             result = self.restore_rounds(ctx, base, fallback=fallback, guard=guard, checkpoints=checkpoints,
                                          reference=guard.get("baseline_retain_loss"),
                                          target_reference=guard.get("start_retain_loss"), lr_scale=lr_scale)
             failed = {k: guard[k] for k in RESTORE_FAILED if k in guard}
-            if not failed or not checkpoints or attempt == ctx.cfg["lethe-restore-retries"]:
+            if not failed or not checkpoints or attempt == RESTORE_RETRIES:
                 return result
             log.warning("[lethe] guard: restore from the rectified backbone failed (%s): restore again from one "
                         "rectification step earlier", failed)
@@ -341,18 +305,10 @@ def _best_restored(judged: list[tuple[dict, State]], guard: dict) -> State:
     over the clients that reported on every one of them (ties: the later model). With no step
     applied, the model restore started from.
 
-    Ours. Restore is FedAvg-like on non-IID clients, and its last round is not always its best:
-    measured (seed 15, 7 clients alpha 0.1, class), five restore rounds left test accuracy at 0.776
-    (retrain 0.948) from a rectified backbone whose retained loss had been fine. The model before any
-    restore step is not a candidate: restore also makes the forgetting last (measured, seed 11, 10
-    clients alpha 0.5, class: the unrestored backbone had the lowest retained loss, 0.019, and kept,
-    it let 20 continued FedAvg rounds bring the class back to 0.404). Nor, for the same reason, is the
-    model after a single step where restore took more: measured (seed 11, 10 clients alpha 0.5, client
-    backdoor), it had the lowest loss (0.044; the last 0.095, with swings to 0.60 between), and kept,
-    20 continued rounds brought the backdoor back to 0.287 (retrain 0.0); with the last kept, 0.000.
-    Also seen on seed 61 (10 clients alpha 0.5, class: test accuracy 0.947 -> 0.969 against
-    retrain's 0.981; 7 clients alpha 0.1, client: 0.936 -> 0.891 against 0.880). A non-finite report
-    is never chosen. ``guard["restore_losses"]`` holds the losses (index 0: the model restore started
+    Restore is FedAvg-like on non-IID clients, and its last round is not always its best. The models
+    before two restore steps are no candidates: restore also makes the forgetting last, and a barely
+    restored backbone lets continued training bring the forget data back. A non-finite report is
+    never chosen. ``guard["restore_losses"]`` holds the losses (index 0: the model restore started
     from), ``guard["restore_kept"]`` the chosen index."""
     means = _judged_means(judged)
     candidates = _candidates(len(means))
@@ -391,13 +347,8 @@ def _best_candidate(judged: list[tuple[dict, State]]) -> float:
 
 def _short_of_target(judged: list[tuple[dict, State]], target: float | None) -> bool:
     """No model restore may keep (:func:`_candidates`; at least one step applied) has a retained loss
-    at or below ``target`` (``None``: no target, never short).
-
-    The same candidates as :func:`_best_restored`'s: a model it would never keep cannot end the extra
-    rounds. Measured where they differed (seed 106, 8 clients alpha 0.2, sample, an unseen shape):
-    the model after one step was within the target (0.059 against 0.077), those after steps 2-5 were
-    not (0.85 ... 0.31); no extra round ran, the one after step 5 was kept and test accuracy fell from
-    the original's 0.975 to 0.877 (retrain 0.983)."""
+    at or below ``target`` (``None``: no target, never short). The same candidates as
+    :func:`_best_restored`'s: a model it would never keep cannot end the extra rounds."""
     return target is not None and len(judged) > 1 and _best_candidate(judged) > target
 
 

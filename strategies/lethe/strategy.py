@@ -1,42 +1,25 @@
-"""Lethe (amplify -> rectify -> restore, its Algorithm 1) as a Flower strategy.
+"""Lethe (the paper's Algorithm 1: amplify -> rectify -> restore) as a Flower strategy.
 
-1. **Amplify** (``lethe-adapter-steps`` > 0): a temporary adapter (``strategies.lethe.adapter``) is
-   attached between extractor and head; the client(s) holding forget data train only the adapter by
-   bounded gradient ascent on it (eq. 6); the server averages the adapters by forget counts (class
-   scenario: every client holding the class) and freezes it. Uploaded once, broadcast once.
-2. **Rectify** (at most ``lethe-rectify-rounds``): each round the composite model goes to the forget
-   clients (forget stream, eq. 7: ordinary local training on the forget data) and to the retained
-   clients (retain stream, eq. 8, weighted by counts), both trained with ``lethe-lr`` (class
-   scenario: ``lethe-lr-class``; its update clip is ``lethe-step-clip-class``) for
-   ``lethe-epochs`` (small, as the paper's 1e-3: the rule negates the forget stream when the
-   streams anti-align, so a large forget step is a large ascent step); only the backbone trains. Per named
-   parameter tensor the server applies eq. 10 with the gamma of ``lethe-gamma-mode`` (default
-   ``upper``: each layer's upper Prop. IV.1 bound) and eq. 11. Buffers (BatchNorm statistics) are
-   not parameters: they take the retain stream's average. Each round logs, per layer, the
-   Proposition IV.1 bounds of gamma and whether the chosen gamma is inside them. Our stopping rule
-   (the paper runs a fixed T): the forget clients report their forget loss of the received
-   backbone with the adapter bypassed; once its forget-count-weighted mean reaches
-   ``lethe-stop-loss`` the phase ends (that round's streams are not applied).
-   Our guard (``rectify_rounds``): each round's reports also judge the step before it — a forget
-   loss past 3x the stop or a non-finite report has that step halved (each half checked again) or
-   rolled back, a retained loss more than ``lethe-max-retain-rise`` above the retained clients'
-   loss on the starting model rolls it back, and a step that would make the model non-finite is
-   never applied; what the guard did is recorded under ``method.rectify_guard``.
-3. **Restore** (``lethe-restore-rounds``): the adapter is dropped. ``lethe-restore-mode=fedavg`` is the
-   paper's FedAvg on retained clients. ``rectified`` (default, ours) keeps the forget clients in:
-   each round both groups train the adapter-free model with the run's ``lr`` / ``local-epochs`` and
-   the server applies the retain stream minus its component along the forget stream wherever
-   they align (``strategies.lethe.maths.remove_forget_component``). Measured on digits, plain FedAvg restore
-   brought a backdoor that rectification had removed back to 0.2–0.6 within one round; the
-   rectified restore kept it at 0 through 20 continued FedAvg rounds.
+1. **Amplify** (``lethe-adapter-steps`` = S_φ > 0): a temporary adapter (``strategies.lethe.adapter``)
+   is attached between extractor and head; the clients holding forget data train only the adapter by
+   gradient ascent on it for S_φ steps (eq. 6); the server averages the adapters by forget counts and
+   freezes it. Uploaded once, broadcast once.
+2. **Rectify** (``lethe-rectify-rounds`` = T rounds, :mod:`strategies.lethe.rectify`): each round the
+   composite model goes to the forget clients (forget stream, eq. 7) and to the retained clients (retain
+   stream, eq. 8, weighted by counts), both training only the backbone with ``lethe-lr`` for
+   ``lethe-epochs``; per named parameter tensor the server applies eq. 10 with γ = ``lethe-gamma`` and
+   eq. 11.
+3. **Restore** (``lethe-restore-rounds`` = R): the adapter is dropped; R rounds of FedAvg on the
+   retained clients.
 
-4. **Verify** (ours, ``lethe-verify-passes``): the forget clients evaluate the restored model; while
-   it still predicts too much of the forget set as its label (:meth:`Lethe.still_known`), the three
-   phases run again from it, with a stop counted from where that pass starts.
+The forget stream follows the paper per request: all the leaving client's data (client), its marked
+samples (sample), every client's samples of the class (class).
 
-0. **Exact fallback** (ours, ``lethe-exact-share``, :mod:`strategies.lethe.exact`), before any of it:
-   a request that removes most of a class's training samples but leaves some gets exact retraining
-   on the retained clients, not a rectified model.
+The ``guard-*`` keys (:mod:`strategies.common.guards`, all off by default) add the project's own rules
+around these phases: a loss stop and step guards in rectify, a rectified restore with its walk-back,
+checks that run more passes, a retry and a narrower stream where a request was not carried out. A
+request that a guard judges not carried out is reported as such (``method.carried_out`` false) with
+Lethe's own model; Lethe never returns another method's model.
 
 A forget client that fails during amplify or rectify ends the phase (``RoundFailed`` naming the
 phase and round); the original model is never modified, so it stays intact.
@@ -55,22 +38,19 @@ from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, Un
 from strategies.common.fedavg_rounds import RoleFedAvg, run_rounds
 from strategies.common.federation import RoundFailed
 from strategies.common.fit import evaluate_plain, fit_share, retained_counts
+from strategies.common.guards import VERIFY_FORGET_ACC
 from strategies.lethe.adapter import ADAPTER_KIND
-from strategies.lethe.exact import mostly_removed_classes
 from strategies.lethe.rectify import RectifyPhase
 from strategies.lethe.restore import RestorePhase, broken_because, pass_utility
-from strategies.lethe.settings import scenario_key, scenario_setting, widens_client_stream
+from strategies.lethe.settings import FORGET_SET_STREAM, adapter_lr, widens_client_stream
 from strategies.lethe.views import State, mean_forget_loss, role_view, train_content, without_adapter
-from tasks.config import Config
 
 log = logging.getLogger("fedunlearn")
-
-VERIFY_Z = 1.645  # one-sided 95 % normal quantile: the client check's margin over the clean-data reference
 
 
 class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
     """Lethe's three phases driven against the federation (FedAvg aggregates the adapters); rectify and
-    restore live in :mod:`strategies.lethe.rectify` and :mod:`strategies.lethe.restore`."""
+    the rectified restore live in :mod:`strategies.lethe.rectify` and :mod:`strategies.lethe.restore`."""
 
     name = "lethe"
 
@@ -78,7 +58,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         super().__init__(fraction_train=1.0, fraction_evaluate=0.0, weighted_by_key="num-examples",
                          arrayrecord_key="arrays", configrecord_key="config")
         self.round_offset = 0  # added to every round number of a pass: a later pass gets its own seeds
-        self.attempt_offset = 0  # the round offset of the attempt's first pass (the retry's is not 0)
+        self.attempt_offset = 0  # the round offset of the attempt's first pass (a retry's is not 0)
         self.start_fit: dict[int, tuple[int, int]] | None = None  # the original's retained counts (retained_fit)
 
     @property
@@ -136,7 +116,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         round_no = 1 + self.round_offset
         content = train_content(ArrayRecord(model.state_dict()), plugins, role="forget", round_no=round_no,
                                  objective="adapter-ascent", scope="plugins", **forget_data(cfg),
-                                 **{"max-steps": cfg["lethe-adapter-steps"], "lr": cfg["lethe-adapter-lr"]})
+                                 **{"max-steps": cfg["lethe-adapter-steps"], "lr": adapter_lr(cfg)})
         replies = ctx.fed.broadcast(ctx.fed.nodes_with("n-forget"), "train", content, round_no=round_no,
                                     require_all=True)
         ctx.fed.cost(ctx.fed.phase).rounds += 1
@@ -152,20 +132,15 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
                               require_all=require_all)
 
     def _forget_counts(self, ctx: UnlearnContext, state: State, round_no: int) -> dict[str, int] | None:
-        """One ``evaluate`` message to each forget client with ``state``'s backbone: the summed counts
-        ``forget-correct`` / ``forget-n`` (their forget data predicted as its label) and
-        ``clean-hit`` / ``clean-n`` (their clean local test data whose true label is not
-        ``backdoor-target``, predicted as it); ``None`` on a task whose clients report no such counts
-        (the LLM task)."""
+        """One ``evaluate`` message to each forget client with ``state``'s backbone: the summed
+        ``forget-correct`` / ``forget-n`` (their forget data predicted as its label); ``None`` on a task
+        whose clients report no such counts (the LLM task)."""
         replies = self._evaluate_backbone(ctx, state, "n-forget", round_no, require_all=True)
         metrics = [r.content["metrics"] for r in replies]
-        keys = ("forget-correct", "forget-n", "pred-target-n", "pred-target-correct", "test-n", "test-target-n")
+        keys = ("forget-correct", "forget-n")
         if not all(k in m for m in metrics for k in keys):
             return None
-        total = {k: sum(int(m[k]) for m in metrics) for k in keys}
-        return {"forget-correct": total["forget-correct"], "forget-n": total["forget-n"],
-                "clean-hit": total["pred-target-n"] - total["pred-target-correct"],
-                "clean-n": total["test-n"] - total["test-target-n"]}
+        return {k: sum(int(m[k]) for m in metrics) for k in keys}
 
     def _retained_counts(self, ctx: UnlearnContext, state: State, round_no: int) -> dict[int, tuple[int, int]] | None:
         """:func:`strategies.common.fit.retained_counts` of ``state``'s backbone (adapter removed)."""
@@ -175,7 +150,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         """``{"original", "restored"}``: the share of the retained clients' training data whose label the
         run's original (:attr:`start_fit`, read once when :meth:`unlearn` began) and ``state`` predict, over the
         clients that reported on both; ``None`` where not measured (no original counts, a task without
-        them, no common client). :func:`strategies.lethe.restore.pass_utility` holds a pass to it."""
+        them, no common client). ``guard-fit-drop`` holds a pass to it."""
         if not self.start_fit:
             return None
         now = self._retained_counts(ctx, state, round_no=pass_rounds(ctx.cfg) - 1)
@@ -183,162 +158,91 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         original = fit_share(self.start_fit, common)
         return None if original is None else {"original": original, "restored": fit_share(now, common)}
 
-    def _forget_eval(self, ctx: UnlearnContext, state: State, round_no: int) -> tuple[float, float]:
-        """``(forget accuracy, target share)`` of ``state``'s backbone at the forget clients (see
-        :meth:`_forget_counts`); ``(0, 0)`` where the task reports no counts: nothing is judged known."""
-        counts = self._forget_counts(ctx, state, round_no)
-        if counts is None:
-            return 0.0, 0.0
-        return (counts["forget-correct"] / max(1, counts["forget-n"]),
-                counts["clean-hit"] / counts["clean-n"] if counts["clean-n"] else 0.0)
-
     def _forget_accuracy(self, ctx: UnlearnContext, state: State, round_no: int) -> float:
-        """The forget clients' share of their forget data that ``state``'s backbone predicts as its label."""
-        return self._forget_eval(ctx, state, round_no)[0]
+        """The forget clients' share of their forget data that ``state``'s backbone predicts as its label
+        (0 where the task reports no counts: nothing is judged known)."""
+        counts = self._forget_counts(ctx, state, round_no)
+        return 0.0 if counts is None else counts["forget-correct"] / max(1, counts["forget-n"])
 
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
-        """:meth:`attempt_with_retry`; where it left the request undone (:func:`carried_out` is false,
-        its retry included) with the client scenario's forget stream widened to all the leaving
-        client's data (:func:`forget_data`), Lethe runs once more from the original with the request's
-        forget set as the stream (``lethe-client-forget-stream=forget-set``, its own bounds and retry,
-        its own round seeds), kept where it carries the request out or, failing that, where its kept
-        model predicts less of the forget set as its label (``method.stream_fallback``: the stream,
-        whether the fallback was kept, and the other's verdict).
-
-        Ours. The whole-data stream subtracts everything the leaving client taught. Where that client
-        nearly owns several classes, the retained clients' loss of every rectified backbone passes its
-        bound and the walk-back returns towards the original pass after pass: measured (seed 195, 7
-        clients alpha 0.1, client; the client holds 92 % of class 2 and 99 % of classes 6 and 8), four
-        passes left 1.000, 0.965, 0.727 and 0.580 of the triggered samples on the target, and the
-        kept model read U-KR 0.580 against retrain's 0.021. With the fallback the forget set's own
-        retry carried it out: U-KR 0.007, test accuracy 0.969 against retrain's 0.819 (that stream
-        keeps the client's clean classes, as it does everywhere; docs/lethe-log.md, "A request the
-        whole-data stream leaves undone"). A backdoor left in place is the failure an operator cannot
-        accept; a model that knows the client's clean classes better than retrain is what the former
-        stream always gave. A request the whole-data stream carries out never runs the fallback, so
-        its results are that stream's. Since then the whole-data stream's own retry loosens its
-        walk-back to 4 nats (:meth:`attempt_with_retry`); it carries 195 out (test accuracy 0.758
-        against 0.819) and 205 (7 clients alpha 0.1, client; the client holds all of class 6 and 82 %
-        of class 7: 0.839 against retrain's 0.842, where the fallback read 0.944), so the fallback is
-        left for a request that both whole-data attempts leave undone (docs/lethe-log.md, "The
-        whole-data stream's retry").
-
-        Before all of it, the exact fallback (:mod:`strategies.lethe.exact`): where the request removes
-        at least ``lethe-exact-share`` of some class's training samples and the retained clients hold
-        the rest, the result is the run's retrain model, at retrain's cost, with the classes and
-        shares in ``method.exact_fallback``."""
+        """Lethe from ``ctx.original``: :meth:`attempt_with_retry`, and with ``guard-stream-fallback``,
+        where the client scenario's stream of all the leaving client's data left the request not carried
+        out (:func:`carried_out` false), once more from the original with the request's forget set as the
+        stream, kept where it carries the request out or knows less of the forget set
+        (``method.stream_fallback``). ``method.carried_out`` says whether a guard's check found the
+        request carried out (absent where nothing checked it)."""
         cfg = ctx.cfg
-        share = cfg["lethe-exact-share"]
-        classes = mostly_removed_classes(ctx.fed, share) if share < 1 else {}
-        if classes:
-            named = ", ".join(f"{part:.2f} of class {label}" for label, part in classes.items())
-            log.warning("[lethe] the request removes %s and the retained clients hold the rest: rectification cannot "
-                        "match exact unlearning on such a class, so the result is exact retraining on the retained "
-                        "clients (lethe-exact-share=%g; 1 = never)", named, share)
-            fallback = {"share": share, "classes": {str(label): part for label, part in classes.items()}}
-            return UnlearnResult(ctx.retrain(), {"exact_fallback": fallback}, built="retrain")
         self.start_fit = None  # every attempt runs from this original: its retained counts are read once
-        if cfg["lethe-max-fit-drop"] < 1 and cfg["lethe-restore-mode"] == "rectified" and cfg.num_classes:
+        if cfg["guard-fit-drop"] < 1 and cfg["guard-rectified-restore"] and cfg.num_classes:
             self.start_fit = self._retained_counts(ctx, ctx.original.arrays.to_torch_state_dict(), round_no=0)
-        first = self.attempt_with_retry(ctx, offset=0)
-        if carried_out(first.details) is not False or not widens_client_stream(cfg):
-            return first
-        log.warning("[lethe] the request was not carried out with all the leaving client's data as the forget "
-                    "stream: again from the original with its forget set as the stream")
-        narrower = _with_setting(ctx, "lethe-client-forget-stream", "forget-set")
-        fallback = self.attempt_with_retry(narrower, offset=self.round_offset + pass_rounds(cfg))
-        return _keep_better(first, fallback, "stream_fallback", {"stream": "forget-set"},
-                            "the forget set as the stream")
+        result = self.attempt_with_retry(ctx, offset=0)
+        if cfg["guard-stream-fallback"] and carried_out(result.details) is False and widens_client_stream(cfg):
+            log.warning("[lethe] the request was not carried out with all the leaving client's data as the forget "
+                        "stream: again from the original with its forget set as the stream")
+            narrower = _with_setting(ctx, FORGET_SET_STREAM, True)
+            fallback = self.attempt_with_retry(narrower, offset=self.round_offset + pass_rounds(cfg))
+            result = _keep_better(result, fallback, "stream_fallback", {"stream": "forget-set"},
+                                  "the forget set as the stream")
+        done = carried_out(result.details)
+        if done is not None:
+            result.details["carried_out"] = done
+        if done is False:
+            log.warning("[lethe] the request was NOT carried out: the reported model is Lethe's own, flagged "
+                        "(method.carried_out false)")
+        return result
 
     def attempt_with_retry(self, ctx: UnlearnContext, offset: int) -> UnlearnResult:
-        """:meth:`attempt` from round offset ``offset``; where it did not carry the request out
-        (:func:`carried_out` is false: the original was returned, or the kept model still knows the
-        forget set) and ``lethe-retry-backbone-rise`` is above the walk-back bound
-        ``lethe-max-backbone-rise`` (each read as its ``-client`` twin where :func:`forget_data` widens
-        the stream), one more attempt from the original with that bound at this value, kept where it
-        carries the request out or, failing that, where its kept model predicts less of the forget set
-        as its label (:func:`known_share`) than the first attempt's (``method.retry``: the bound,
-        whether the retry was kept, and the other attempt's verdict).
-
-        Ours. The walk-back (:meth:`RestorePhase.restore_rounds`) undoes rectification steps whose
-        adapter-free backbone the retained clients rate more than ``lethe-max-backbone-rise`` worse than
-        the model rectification started from. An original that fits its retained data very tightly
-        (digits with one local epoch a round: 0.002-0.033 nats) reads 0.6-5.4 nats after any step that
-        forgets, and the walk-back undid every pass: measured, seeds 178 (7 clients alpha 0.1, client)
-        and 179 (class) kept U-KR 0.972 and 0.818. As the bound for every request, 2 nats carried both
-        out but left one of 48 cells undone that 0.5 carried out (176, 7 clients alpha 0.1, class: U-KR
-        0.939); as a retry it ran in exactly three of the 48 and carried each out: 178 client U-KR 0.000,
-        test accuracy 0.972 against retrain's 0.964; 179 class 0.000, 0.978 against 0.981; 174 (10
-        clients alpha 0.5, sample) 0.000, 0.978 against 0.972 (docs/lethe-log.md, "Lethe's bounds on
-        recipe B"). Restore's own bound (``lethe-max-retain-rise``) is the same in the retry: it never
-        keeps a model with less utility than the first attempt may. Where neither attempt carries the
-        request out, the one that knows less is kept, as between the passes of one attempt: measured
-        (seed 180, 10 clients alpha 0.5, class), the first kept 0.549 of the class, the retry 0.070.
-        The whole-data stream's walk-back bound is already 2 nats, so its retry loosens it to 4
-        (``lethe-retry-backbone-rise-client``): measured where that stream left a request undone (seeds
-        195 and 205, 7 clients alpha 0.1, client), the retry carried both out with that stream (U-KR
-        0.014 and 0.007), and the forget-set fallback of :meth:`unlearn` did not run."""
+        """:meth:`attempt` from round offset ``offset``; with ``guard-retry-walk-back`` above
+        ``guard-walk-back``, where the attempt did not carry the request out, one more attempt from the
+        original with the walk-back bound at that value, kept where it carries the request out or, failing
+        that, where its kept model predicts less of the forget set as its label (``method.retry``). The
+        walk-back undoes rectification steps whose backbone the retained clients rate worse than its bound;
+        an original that fits its retained data very tightly can have every forgetting step undone, and
+        the retry loosens only that bound (restore's own bound stays)."""
         cfg = ctx.cfg
         first = self.attempt(ctx, offset=offset)
-        retry_key = scenario_key(cfg, "lethe-retry-backbone-rise")
-        bound_key = scenario_key(cfg, "lethe-max-backbone-rise")
-        retry_rise = cfg[retry_key]
-        if carried_out(first.details) is not False or retry_rise <= cfg[bound_key]:
+        retry_rise = cfg["guard-retry-walk-back"]
+        if carried_out(first.details) is not False or retry_rise <= cfg["guard-walk-back"]:
             return first
         log.warning("[lethe] the request was not carried out: one more attempt from the original with "
-                    "%s %g (%s)", bound_key, retry_rise, retry_key)
-        looser = _with_setting(ctx, bound_key, retry_rise)
+                    "guard-walk-back %g (guard-retry-walk-back)", retry_rise)
+        looser = _with_setting(ctx, "guard-walk-back", retry_rise)
         retry = self.attempt(looser, offset=self.round_offset + pass_rounds(cfg))
-        return _keep_better(first, retry, "retry", {"backbone_rise": retry_rise}, f"{bound_key} {retry_rise:g}")
+        return _keep_better(first, retry, "retry", {"backbone_rise": retry_rise}, f"guard-walk-back {retry_rise:g}")
 
     def attempt(self, ctx: UnlearnContext, offset: int) -> UnlearnResult:
-        """Amplify, rectify and restore (:meth:`one_pass`); then, while the forget clients find the
-        restored model still knows the forget set (:meth:`still_known`), at most
-        ``lethe-verify-passes`` more passes, each from the model the last one left.
+        """Amplify, rectify and restore (:meth:`one_pass`); then, with ``guard-verify-passes``, while the
+        forget clients find the restored model still knows the forget set (:meth:`still_known`), at most
+        that many more passes, each from the model the last one left.
 
-        Ours (the paper runs one pass). Measured off the tuned seeds, the guards of one pass can end it short of
-        forgetting: a walk-back to a checkpoint that still classifies part of the class (seed 14, 10 clients
-        alpha 0.5, class: U-KR 0.216), restore undoing part of the forgetting (seed 19, 10 clients, client:
-        0.408 against retrain's 0.014). The kept model is the last pass's when its check passes, else the pass
-        whose model predicts the least of the forget set as its label (ties: the earlier). A later pass whose
-        restored model the retained clients rate more than ``lethe-max-retain-rise`` nats worse than the
-        original (:func:`strategies.lethe.restore.pass_utility`) is never kept and ends the passes: measured
-        (seed 26, 7 clients alpha 0.1, class), pass 2 forgot the class but left a retained loss of 2.33 against
-        the original's 0.016 (test accuracy 0.611 against retrain's 0.966). Up to three more passes by default:
-        a second pass can still leave the forget set partly known (seed 4, 7 clients alpha 0.1, class: 0.812
-        after two passes, 0.000 after three), and a pass only runs where the check before it failed, so a run
-        whose first or second check passes gives the model it gave with one pass allowed (docs/lethe-log.md, "Up
-        to three verify passes"). ``method.forget_checks`` holds each check, ``method.passes`` the later passes'
-        ``gamma_bounds``, ``rectify_guard`` and ``utility``, ``method.kept_pass`` the kept one, and
-        ``method.kept_still_knows`` whether the kept model fails its check (then a warning says so: seed 11, 7
-        clients alpha 0.1, client, on a later machine kept a pass 1 that still predicted 1.000 of the forget set
-        as the target, pass 2 having broken utility). Pass 1 is held to the same bounds (``method.utility``;
-        on a task with classes also the retained data's fit, ``lethe-max-fit-drop``, against the original's
-        counts read once when :meth:`unlearn` begins): where even its restores at a halved lr
-        (:meth:`RestorePhase.restore_within_bound`) keep a model past them, the original model is returned
-        (``method.kept_pass`` 0), no further pass runs, and a warning says the request was not carried out:
-        a model that still holds the forget data is a failed request the operator sees, a model that lost
-        its utility would be a quiet one."""
+        The kept model is the last pass's when its check passes, else the pass whose model predicts the
+        least of the forget set as its label (ties: the earlier). A later pass whose restored model breaks
+        ``guard-retain-rise`` or ``guard-fit-drop`` (:func:`strategies.lethe.restore.pass_utility`) is never
+        kept and ends the passes. Where pass 1 breaks them, its model is reported with
+        ``method.kept_pass`` 1, ``method.utility`` saying why, and the request as not carried out: a model
+        that lost its utility is a failed request the operator must see. ``method.forget_checks`` holds
+        each check, ``method.passes`` the later passes' records, ``method.kept_still_knows`` whether the
+        kept model fails its check."""
         cfg = ctx.cfg
         self.round_offset = self.attempt_offset = offset
         arrays, details = self.one_pass(ctx)
         start_loss = details["rectify_guard"].get("start_retain_loss")  # the retained clients' loss of the original
-        retain_rise, fit_drop = scenario_setting(cfg, "lethe-max-retain-rise"), cfg["lethe-max-fit-drop"]
+        retain_rise, fit_drop = cfg["guard-retain-rise"], cfg["guard-fit-drop"]
         details["utility"] = pass_utility(details["rectify_guard"], start_loss, retain_rise, fit_drop)
         if details["utility"]["broken"]:
-            log.warning("[lethe] pass 1's restored model broke utility (%s): the original model is kept and the "
-                        "request is not carried out", broken_because(details["utility"], start_loss))
-            details["kept_pass"] = 0
-            return UnlearnResult(ctx.original, details)
+            log.warning("[lethe] pass 1's restored model broke utility (%s): the request is not carried out",
+                        broken_because(details["utility"], start_loss))
+            details["kept_pass"] = 1
+            return UnlearnResult(ModelState(arrays), details)
         models, checks = [arrays], []
-        while cfg["lethe-verify-passes"]:
+        while cfg["guard-verify-passes"]:
             # numbered after restore's last round and the reports on its model
             check = self.still_known(ctx, arrays.to_torch_state_dict(), round_no=cfg["lethe-rectify-rounds"]
                                      + cfg["lethe-restore-rounds"] + 2)
             if check is None:
                 break
             checks.append(check)
-            if not check["known"] or len(models) > cfg["lethe-verify-passes"]:
+            if not check["known"] or len(models) > cfg["guard-verify-passes"]:
                 break
             log.warning("[lethe] verify: the restored model still predicts %.3f of the forget set as its label "
                         "(at most %.3f allowed): pass %d from it", check["forget_acc"], check["bound"],
@@ -374,11 +278,11 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         unchecked = guard.pop("unchecked", None)
         checkpoints = [without_adapter(c) for c in guard.pop("checkpoints", [])]
         base = without_adapter(state)
-        if ctx.cfg["lethe-restore-mode"] == "rectified":
+        if ctx.cfg["guard-rectified-restore"]:
             fallback = without_adapter(unchecked[0]) if unchecked is not None else None
             start_loss = guard.get("start_retain_loss") if start_loss is None else start_loss
             arrays = ArrayRecord(self.restore_within_bound(ctx, base, fallback, guard, checkpoints, start_loss))
-        else:
+        else:  # the paper: R rounds of FedAvg on the retained clients
             arrays = ArrayRecord(base)
             if ctx.cfg["lethe-restore-rounds"]:
                 strategy = RoleFedAvg(ctx.fed, "retain", fraction_train=ctx.cfg["fraction-train"],
@@ -391,41 +295,20 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         return arrays, details
 
     def still_known(self, ctx: UnlearnContext, state: State, round_no: int) -> dict | None:
-        """Does the restored ``state`` still know the forget set, as the forget clients measure it?
-
-        It predicts more than ``lethe-verify-forget-acc`` (0.02) of the forget set as its label
-        (measured: with the rectification stop's 0.05 here, 22 at 7 clients alpha 0.1, class, kept
-        0.041, and 20 continued rounds brought it to 0.110). Client scenario with
-        ``lethe-stop-at-reference-client`` (off by default): its share of the forget set predicted
-        as the target is above the share of the forget clients' clean test data of the other
-        classes predicted as the target (what a model without the backdoor does) by more than a
-        one-sided 95 % margin (``VERIFY_Z`` standard errors of the difference of the two shares,
-        pooled): the reference is estimated on a few dozen test samples, and a smaller gap is not
-        evidence of a backdoor left.
-        ``None`` (no check) where neither applies or the task reports no counts (LLM)."""
-        cfg = ctx.cfg
-        client = self._reference_on(cfg)
-        if scenario_setting(cfg, "lethe-stop-forget-acc") >= 1 and not client:
-            return None
+        """Does the restored ``state`` still know the forget set, as the forget clients measure it? It
+        predicts more than ``VERIFY_FORGET_ACC`` of the forget set as its label. ``None`` (no check)
+        where the task reports no counts (LLM)."""
         counts = self._forget_counts(ctx, state, round_no)
         if counts is None:
             return None
-        n_forget, n_test = max(1, counts["forget-n"]), counts["clean-n"]
-        acc = counts["forget-correct"] / n_forget
-        if client:
-            reference = counts["clean-hit"] / n_test if n_test else 0.0
-            pooled = (counts["forget-correct"] + counts["clean-hit"]) / (n_forget + n_test)
-            spread = 1 / n_forget + (1 / n_test if n_test else 0.0)
-            bound = reference + VERIFY_Z * math.sqrt(pooled * (1 - pooled) * spread)
-        else:
-            reference, bound = None, cfg["lethe-verify-forget-acc"]
-        return {"forget_acc": acc, "reference": reference, "bound": bound, "known": acc > bound,
-                "forget_n": counts["forget-n"], "test_n": n_test}
+        acc = counts["forget-correct"] / max(1, counts["forget-n"])
+        return {"forget_acc": acc, "bound": VERIFY_FORGET_ACC, "known": acc > VERIFY_FORGET_ACC,
+                "forget_n": counts["forget-n"]}
 
 
 def _with_setting(ctx: UnlearnContext, key: str, value) -> UnlearnContext:
     """``ctx`` with run-config ``key`` set to ``value`` (a retry's or a fallback's config)."""
-    return dataclasses.replace(ctx, cfg=Config({**ctx.cfg.as_dict(), key: value}, ctx.cfg.presets))
+    return dataclasses.replace(ctx, cfg=ctx.cfg.with_values({key: value}))
 
 
 def _keep_better(first: UnlearnResult, second: UnlearnResult, key: str, record: dict, label: str) -> UnlearnResult:
@@ -446,16 +329,9 @@ def _keep_better(first: UnlearnResult, second: UnlearnResult, key: str, record: 
 
 def forget_data(cfg) -> dict:
     """The forget stream's train-message config: ``forget-all-data`` where the stream is all the leaving
-    client's training data (:func:`strategies.lethe.settings.widens_client_stream`), else nothing.
-
-    The Lethe paper builds the client-level forget stream from all data of the unlearning client. Our
-    backdoor client also trained a clean copy of each sample (so that the original stays usable), and
-    retrain drops those too: where it held most of a class, retrain loses the class, and a forget stream
-    of the triggered samples alone kept it. Measured on seeds 176-184 (7 clients alpha 0.1, client; test
-    accuracy within 0.03 of retrain's): 3 of 9 with the triggered samples, 7 of 9 with all the client's
-    data, the client scenario's bounds at 2 nats and 30 extra restore rounds (10 clients alpha 0.5: 9 of
-    9 either way); with the bounds at 0.5 it left the backdoor in two cells (docs/lethe-log.md, "The
-    leaving client's whole data as Lethe's forget stream")."""
+    client's training data (:func:`strategies.lethe.settings.widens_client_stream`), else nothing. The
+    paper builds the client-level forget stream from all the unlearning client's data; a backdoor
+    client here also trained a clean copy of each marked sample, and that copy is its data too."""
     return {"forget-all-data": True} if widens_client_stream(cfg) else {}
 
 
@@ -467,19 +343,18 @@ def pass_rounds(cfg) -> int:
 
 def known_share(details: dict) -> float:
     """The share of the forget set an attempt's kept model still predicts as its label, as the forget
-    clients' check measured it; ``inf`` where the attempt returned the original (pass 1 broke the
-    retained bound) or nothing was checked."""
+    clients' check measured it; ``inf`` where nothing was checked or the kept pass broke utility."""
     checks, kept = details.get("forget_checks"), details.get("kept_pass")
-    if not checks or not kept:
+    if not checks or not kept or details.get("utility", {}).get("broken"):
         return math.inf
     return checks[kept - 1]["forget_acc"]
 
 
 def carried_out(details: dict) -> bool | None:
-    """Did an attempt carry the request out? False where it returned the original (pass 1 broke the
-    retained bound) or its kept model still knows the forget set; True where the forget clients'
-    check passed; None where nothing judged it (no check: the LLM task, or the checks off)."""
-    if details.get("kept_pass") == 0:
+    """Did an attempt carry the request out, as a guard judged it? False where its kept pass broke
+    utility or its kept model still knows the forget set; True where the forget clients' check passed;
+    None where nothing judged it (no guard checked: the paper's Lethe, or the LLM task)."""
+    if details.get("utility", {}).get("broken"):
         return False
     if "kept_still_knows" not in details:
         return None

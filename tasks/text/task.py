@@ -115,11 +115,6 @@ class TextTask(VisionTask):
     def server_model(self, cfg: Config, plugins: list[dict], seed: int | None = None):
         return self.build_text_model(cfg, plugins, seed)
 
-    def probe_inputs(self, cfg: Config):
-        """None: the vision probe's images do not fit a text model, and a pretrained encoder with
-        LayerNorm has no ReLU layer to die (no text original was seen to collapse)."""
-        return None
-
     # --- client side ----------------------------------------------------------------------
     def client_view(self, cfg: Config, node: dict):
         if "data-path" in node:

@@ -91,13 +91,6 @@ class VisionTask(Task):
     def server_model(self, cfg: Config, plugins: list[dict], seed: int | None = None) -> SplitModel:
         return self.build_model(plugins, seed=cfg["seed"] if seed is None else seed)
 
-    def probe_inputs(self, cfg: Config) -> torch.Tensor:
-        """32 images of uniform noise in the pixels' range [0, 1], seeded by the run's seed."""
-        from tasks.vision.datasets import IMAGE_SIZE
-
-        generator = torch.Generator().manual_seed(cfg["seed"])
-        return torch.rand(32, self.in_channels, IMAGE_SIZE, IMAGE_SIZE, generator=generator)
-
     def pool_metrics(self, cfg: Config, per_client: list[dict]) -> dict:
         from tasks.metrics import pool_metrics
         from tasks.requests import uses_trigger

@@ -1,0 +1,77 @@
+"""Named recipes: the project's own, opt-in compositions of settings (``recipes/<name>.toml``).
+
+A method's defaults are its paper's. A recipe is a named set of settings that the project found
+useful on top of them (``recipe='lethe-robust'`` switches on the guards around Lethe); each recipe's
+doc page shows what it buys. A recipe fills keys after the task's and the method's presets and before
+the smoke settings and the keys given explicitly, which always win. ``results.json`` records the
+recipe (``run.recipe``, ``"paper"`` where none) and the keys it filled (``run.recipe_settings``).
+
+File format (TOML)::
+
+    description = "one line: what it is for"
+    methods = ["lethe"]                     # the methods it is written for
+    [settings]                              # every run
+    "guard-stop-loss" = 12.0
+    [scenario.class]                        # runs of that scenario (over [settings])
+    "lethe-lr" = 0.02
+    [task-kind.llm]                         # runs on a task of that kind (over both)
+    "guard-stop-loss" = inf
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+#: where the recipe files are (the app bundle keeps the repository's layout and ships ``*.toml``)
+RECIPES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
+
+
+class RecipeError(ValueError):
+    """A recipe file that cannot be used; the message is one line naming the file."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One recipe file: its settings for every run, and those of a scenario or a task kind."""
+
+    name: str
+    description: str
+    methods: tuple[str, ...]
+    settings: dict[str, Any] = field(default_factory=dict)
+    scenario: dict[str, dict[str, Any]] = field(default_factory=dict)
+    task_kind: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def values_for(self, scenario: str, kind: str) -> dict[str, Any]:
+        """The keys this recipe sets in a run of ``scenario`` on a task of ``kind``."""
+        return {**self.settings, **self.scenario.get(scenario, {}), **self.task_kind.get(kind, {})}
+
+
+def recipe_names() -> tuple[str, ...]:
+    """The recipes there are, by file name."""
+    if not os.path.isdir(RECIPES_DIR):
+        return ()
+    return tuple(sorted(f[:-5] for f in os.listdir(RECIPES_DIR) if f.endswith(".toml")))
+
+
+def load_recipe(name: str) -> Recipe:
+    """``recipes/<name>.toml`` as a :class:`Recipe` (its keys are checked by ``tasks.config``)."""
+    path = os.path.join(RECIPES_DIR, f"{name}.toml")
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise RecipeError(f"recipe file {path} cannot be read: {err}") from None
+    known = {"description", "methods", "settings", "scenario", "task-kind"}
+    if set(data) - known or not isinstance(data.get("methods"), list):
+        raise RecipeError(f"recipe file {path}: top-level keys must be among {', '.join(sorted(known))}, "
+                          f"with 'methods' a list of method names")
+    return Recipe(name, str(data.get("description", "")), tuple(data["methods"]), dict(data.get("settings", {})),
+                  {k: dict(v) for k, v in data.get("scenario", {}).items()},
+                  {k: dict(v) for k, v in data.get("task-kind", {}).items()})

@@ -20,7 +20,12 @@ method:
   panel per task and scenario, retrain included (mean over the seeds);
 - ``runs.json`` / ``runs.csv``: one row per run (rewritten after every run: a partial matrix is usable;
   ``--resume`` keeps the finished rows of an earlier call with the same clients and overrides and
-  runs only the rest, e.g. after adding a method).
+  runs only the rest, e.g. after adding a method; it refuses, in one line, a ``runs.json`` that is
+  not readable or was made with other ``--clients`` or another ``--run-config``).
+
+Every config error (an argument, ``--run-config``, a method token's recipe, any cell's run config as
+``tasks.config.parse_config`` checks it) is one line on stderr and exit status 2, before any run; a
+call whose runs all failed exits with status 1.
 
 How the numbers are made: every run goes through the real phases in process
 (``server_app.inprocess``: the production ServerApp and ClientApp code, no Ray and no SuperLink, so
@@ -60,13 +65,15 @@ import os
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one's
 
-from server_app.atomic import atomic_path, write_text  # noqa: E402
-from server_app.inprocess import parse_overrides, run_inprocess  # noqa: E402
+from server_app.atomic import atomic_path, folder_problem, write_text  # noqa: E402
+from server_app.inprocess import parse_overrides, run_inprocess, setup_logging  # noqa: E402
 from server_app.report import carried_out, run_recipe  # noqa: E402
 from tasks.validity import ORIGINAL_CHECKS  # noqa: E402
 
@@ -220,10 +227,62 @@ def _pretraining(results: dict) -> dict:
             "history_bytes": details.get("history_bytes")}
 
 
+def cell_config(cell: Cell, shared: dict) -> dict:
+    """The run config of one cell: the shared one (``--run-config`` and the folders) with the cell's
+    task, scenario, seed and method, and its token's recipe (:func:`with_recipe`)."""
+    return with_recipe({**shared, "task": cell.task, "scenario": cell.scenario, "seed": cell.seed,
+                        "method": cell.method}, cell.recipe if cell.pinned else None)
+
+
+def check_configs(cells: list[Cell], shared: dict, clients: int) -> None:
+    """Every cell's run config through ``tasks.config.parse_config`` before any run, as each run would
+    check it: the first error is a one-line ``SystemExit`` naming the ``--run-config`` and the token."""
+    from tasks.config import ConfigError, parse_config
+
+    seen = set()
+    for cell in cells:
+        config = cell_config(cell, shared)
+        key = json.dumps(config, sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            parse_config(config, clients)
+        except ConfigError as err:
+            token = cell.method + (f"@{cell.recipe}" if cell.pinned else "")
+            raise SystemExit(f"--run-config with --methods {token} on {cell.task} / {cell.scenario} / seed "
+                             f"{cell.seed} (--clients {clients}): {err}") from None
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """``argparse`` whose errors are one line on stderr and exit status 2 (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        config_error(f"{self.prog}: {message}")
+
+
+def config_error(message: str) -> NoReturn:
+    """A config error as a person reads it: ``error: ...`` in one line on stderr, exit status 2."""
+    print("error: " + " ".join(str(message).split()), file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+@contextmanager
+def config_errors() -> Iterator[None]:
+    """The checks of a benchmark's arguments: a ``SystemExit`` with a message raised in the block (the
+    checks' one-line errors) becomes :func:`config_error` (one line on stderr, exit status 2).
+    Shared by ``robustness_grid.py``."""
+    try:
+        yield
+    except SystemExit as err:
+        if isinstance(err.code, str):
+            config_error(err.code)
+        raise
+
+
 def run_cell(cell: Cell, shared: dict, clients: int) -> dict:
     """Run one cell in process; a run that raises becomes a failed row with its one-line error."""
-    config = with_recipe({**shared, "task": cell.task, "scenario": cell.scenario, "seed": cell.seed,
-                          "method": cell.method}, cell.recipe if cell.pinned else None)
+    config = cell_config(cell, shared)
     try:
         folder = run_inprocess(config, clients)
         with open(os.path.join(folder, "results.json"), encoding="utf-8") as handle:
@@ -239,8 +298,9 @@ def _failed(cell: Cell) -> dict:
 
 
 def quiet_logs() -> None:
-    """Warnings only (Flower logs every round at INFO), so the progress lines stay readable."""
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    """Warnings only (Flower logs every round at INFO), so the progress lines stay readable; each
+    line once (``setup_logging``)."""
+    setup_logging(logging.WARNING)
     logging.getLogger("flwr").setLevel(logging.WARNING)
 
 
@@ -484,35 +544,53 @@ def problems(rows: list[dict], skipped: list[str]) -> str:
 def curves_figure(rows: list[dict]):
     """Lethe's Fig. 4: forget accuracy over continued rounds, one line per method and recipe (the
     legend names both, ``lethe (lethe-robust)``), one panel per task and scenario (mean over the seeds;
-    a diverged curve ends where it diverged)."""
+    a diverged curve ends where it diverged). Each method keeps its colour and line style of every plot
+    (``tasks.plot_style``); the seeds that are flagged or not carried out are averaged apart, drawn
+    dashed and named so in the legend (``lethe (paper) — flagged 1/3``). Each panel's legend sits right
+    of it; the x axis has whole rounds only."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
+    from tasks.plot_style import legend_outside, line_style, overlap_style, whole_rounds
+
     groups = _group([r for r in rows if r["status"] == "ok"])
     panels = list(dict.fromkeys((t, s) for t, s, _ in groups))
-    colours = {v: plt.get_cmap("tab20")(i % 20) for i, v in enumerate(_variants(rows))}  # one per method and recipe
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6.4 * max(1, len(panels)), 3.8), squeeze=False,
+                             layout="constrained")
     for ax, (task, scenario) in zip(axes[0], panels):
+        drawn, longest = 0, 1
         for (t, s, variant), group in groups.items():
             if (t, s) != (task, scenario):
                 continue
-            curves = [[r["kr_unlearned"]] + r["kr_curve"] for r in group if r.get("kr_unlearned") is not None]
-            length = min((len(c) for c in curves), default=0)
-            if length:
+            apart: dict[tuple, list[dict]] = {}  # the unmarked seeds, then each mark's, never averaged together
+            for r in group:
+                mark = (("flagged",) if r.get("flags") else ()) + \
+                    (("not carried out",) if r.get("carried_out") is False else ())
+                apart.setdefault(mark, []).append(r)
+            for mark in sorted(apart, key=len):
+                curves = [[r["kr_unlearned"]] + r["kr_curve"] for r in apart[mark] if r.get("kr_unlearned") is not None]
+                length = min((len(c) for c in curves), default=0)
+                if not length:
+                    continue
                 mean = [statistics.mean(c[i] for c in curves) for i in range(length)]
-                not_done = sum(1 for r in group if r.get("carried_out") is False)
-                note = "" if not not_done else \
-                    " — not carried out" + (f" {not_done}/{len(group)}" if not_done < len(group) else "")
-                ax.plot(range(length), mean, marker=".", label=method_label(*variant) + note,
-                        color=colours[variant])
-        ax.set_title(f"{task} / {scenario}", fontsize=9)
-        ax.set_xlabel("continued round (0 = after unlearning)")
-        ax.set_ylabel("forget accuracy (KR)")
-        ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
+                part = len(apart[mark]) < len(group)
+                note = "" if not mark else \
+                    f" — {', '.join(mark)}" + (f" {len(apart[mark])}/{len(group)}" if part else "")
+                ax.plot(range(length), mean, label=method_label(*variant) + note,
+                        **{**line_style(variant[0], variant[1], marked=bool(mark)), **overlap_style(drawn)})
+                drawn, longest = drawn + 1, max(longest, length)
+        whole_rounds(ax, longest)
+        ax.set_title(f"{task} / {scenario} unlearning", fontsize=9)
+        ax.set_xlabel("continued-training round (0 = right after unlearning)")
+        ax.set_ylabel("forget accuracy (KR), mean over seeds")
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.25)
+        if drawn:
+            legend_outside(ax, fontsize=7)
+    fig.suptitle("Knowledge resurfacing: forget accuracy during continued training on retained data "
+                 "(dashed: flagged or not carried out)", fontsize=10)
     return fig
 
 
@@ -522,7 +600,7 @@ def plot_curves(rows: list[dict], path: str) -> None:
 
     fig = curves_figure(rows)
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -530,16 +608,51 @@ def _key(task: str, scenario: str, seed: int, method: str, recipe: str) -> tuple
     return task, scenario, seed, method, recipe
 
 
+def _overrides_of(text) -> dict | None:
+    """A row's recorded ``--run-config`` (``overrides``) as a dict; None where it is missing or unreadable."""
+    try:
+        return parse_overrides(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
 def finished_rows(out: str, clients: int, overrides: str) -> dict[tuple, dict]:
-    """The successful rows of an earlier call into ``out`` made with the same clients and overrides,
-    by (task, scenario, seed, method, recipe) (:func:`_key`)."""
+    """The successful rows of an earlier call into ``out``, by (task, scenario, seed, method, recipe)
+    (:func:`_key`). Every row records the ``--clients`` and ``--run-config`` (``overrides``) it was run
+    with; a ``runs.json`` that is not readable JSON rows (truncated, edited) or that holds a row made
+    with other ``--clients`` or another ``--run-config`` (compared as parsed: the same keys and values)
+    is a one-line ``SystemExit`` naming what differs — never a traceback, never rows silently
+    replaced by runs made with other settings."""
     path = os.path.join(out, "runs.json")
     if not os.path.isfile(path):
         return {}
-    with open(path, encoding="utf-8") as handle:
-        rows = json.load(handle)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            rows = json.load(handle)
+    except (OSError, ValueError) as err:  # json.JSONDecodeError, UnicodeDecodeError: ValueErrors
+        raise SystemExit(f"--resume: {path} is not readable JSON ({err}); repair or remove it, or leave "
+                         "--resume out to start again") from None
+    fields = ("task", "scenario", "seed", "method", "status")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and all(k in r for k in fields) for r in rows):
+        raise SystemExit(f"--resume: {path} is not a list of runs as this runner writes them (each with "
+                         f"{', '.join(fields)}); repair or remove it, or leave --resume out to start again")
+    differ = []
+    other_clients = [c for c in dict.fromkeys(r.get("clients") for r in rows) if c != clients]
+    if other_clients:
+        differ.append(f"--clients {', '.join(map(str, other_clients))} there, {clients} here")
+    wanted = parse_overrides(overrides)
+    for text in dict.fromkeys(r.get("overrides") for r in rows):
+        there = _overrides_of(text)
+        if there == wanted:
+            continue
+        keys = sorted(k for k in set(there or {}) | set(wanted) if (there or {}).get(k, ...) != wanted.get(k, ...))
+        differ.append(f"--run-config {text!r} there, {overrides!r} here"
+                      + (f" ({', '.join(keys)} differ)" if there is not None and keys else ""))
+    if differ:
+        raise SystemExit(f"--resume: {path} was made with other settings: {'; '.join(differ)}; resume with "
+                         "the same ones, or use another --out")
     return {_key(r["task"], r["scenario"], r["seed"], r["method"], _recipe(r)): r for r in rows
-            if r["status"] == "ok" and r.get("clients") == clients and r.get("overrides") == overrides}
+            if r["status"] == "ok"}
 
 
 def _cell_key(cell: Cell) -> tuple:
@@ -572,7 +685,7 @@ def report(rows: list[dict], skipped: list[str], clients: int, overrides: str, j
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default="none,retrain,fedup,lethe",
                         help="comma-separated METHOD or METHOD@RECIPE tokens: lethe@lethe-robust runs lethe with "
                              "recipe='lethe-robust' beside a plain lethe (its paper)")
@@ -588,23 +701,32 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows of finished runs already in OUT/runs.json (same clients and overrides)")
     args = parser.parse_args(argv)
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        raise SystemExit(f"--seeds: {args.seeds!r} must be comma-separated integers") from None
-    if args.clients < 2:
-        raise SystemExit(f"--clients: {args.clients} must be >= 2")
-    if not 1 <= args.jobs <= (os.cpu_count() or 1):
-        raise SystemExit(f"--jobs: {args.jobs} must be in 1..{os.cpu_count()} (this machine's cores)")
-    overrides = parse_overrides(args.run_config)
-    cells, skipped = plan(args.methods.split(","), args.scenarios.split(","), args.tasks.split(","), seeds,
-                          recipe=str(overrides.get("recipe") or PAPER))
-    os.makedirs(args.out, exist_ok=True)
-    shared = {"cache-dir": os.path.join(args.out, "cache"), "outputs-dir": os.path.join(args.out, "runs"),
-              **overrides}
+    with config_errors():  # every config error: one line on stderr, exit status 2, before any run
+        try:
+            seeds = [int(s) for s in args.seeds.split(",")]
+        except ValueError:
+            raise SystemExit(f"--seeds: {args.seeds!r} must be comma-separated integers") from None
+        if args.clients < 2:
+            raise SystemExit(f"--clients: {args.clients} must be >= 2")
+        if not 1 <= args.jobs <= (os.cpu_count() or 1):
+            raise SystemExit(f"--jobs: {args.jobs} must be in 1..{os.cpu_count()} (this machine's cores)")
+        try:
+            overrides = parse_overrides(args.run_config)
+        except ValueError as err:
+            raise SystemExit(f"--run-config: {args.run_config!r} is not 'key=value ...' in TOML syntax: {err}") \
+                from None
+        cells, skipped = plan(args.methods.split(","), args.scenarios.split(","), args.tasks.split(","), seeds,
+                              recipe=str(overrides.get("recipe") or PAPER))
+        shared = {"cache-dir": os.path.join(args.out, "cache"), "outputs-dir": os.path.join(args.out, "runs"),
+                  **overrides}
+        check_configs(cells, shared, args.clients)
+        problem = folder_problem(args.out)  # creates it: only once the rest is known good
+        if problem:
+            raise SystemExit(f"--out: {problem}")
+        done = finished_rows(args.out, args.clients, args.run_config) if args.resume else {}
     quiet_logs()
-    done = finished_rows(args.out, args.clients, args.run_config) if args.resume else {}
     rows: dict[Cell, dict] = {cell: done[_cell_key(cell)] for cell in cells if _cell_key(cell) in done}
+    kept_cells = set(rows)
     kept = len(rows)
     started = time.perf_counter()
 
@@ -619,12 +741,17 @@ def main(argv: list[str] | None = None) -> str:
               f"{elapsed / finished * left / 60:.1f} min left", flush=True)
 
     run_matrix([c for c in cells if c not in rows], shared, args.clients, args.jobs, on_row)
+    ran = [rows[c] for c in cells if c not in kept_cells]
     rows = [rows[c] for c in cells]
     text = report(rows, skipped, args.clients, args.run_config, args.jobs)
     write_text(os.path.join(args.out, "tables.md"), text)
     plot_curves(rows, os.path.join(args.out, "kr_curves.png"))
     print(text)
     print(f"tables, plot and rows in {args.out}")
+    if ran and all(row["status"] != "ok" for row in ran):
+        print(f"error: every run failed ({len(ran)} of {len(ran)}); their errors are listed in "
+              f"{os.path.join(args.out, 'tables.md')}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
     return args.out
 
 

@@ -64,7 +64,6 @@ every cell, so a partial run is usable.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -82,8 +81,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare_methods.py beside it (its --methods parser)
 
 from server_app.atomic import write_text  # noqa: E402
-from compare_methods import PAPER, parse_methods, with_recipe  # noqa: E402
-from server_app.inprocess import parse_overrides, run_inprocess  # noqa: E402
+from compare_methods import PAPER, OneLineParser, config_errors, parse_methods, with_recipe  # noqa: E402
+from server_app.inprocess import parse_overrides, run_inprocess, setup_logging  # noqa: E402
 from server_app.report import carried_out, run_recipe  # noqa: E402
 from tasks.validity import ORIGINAL_CHECKS  # noqa: E402
 
@@ -673,8 +672,31 @@ def grid_run_config(text: str) -> dict:
     return {**GRID_RUN_CONFIG, **parse_overrides(text)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def check_configs(seeds: list[int], shapes: list[tuple[int, float]], scenarios: list[str], methods: list[str],
+                  overrides: dict, retrain_draws: int) -> None:
+    """Every run config the grid will make (as ``run_cell`` makes it) through ``tasks.config.parse_config``
+    before any run: the first error is a one-line ``SystemExit`` naming the ``--run-config``, the token
+    and the cell."""
+    from tasks.config import ConfigError, parse_config
+
+    runs = [(method + (f"@{recipe}" if recipe else ""), recipe, {"method": method})
+            for method, recipe in parse_methods(methods, str(overrides.get("recipe") or PAPER))]
+    if "retrain" in methods and retrain_draws > 1:
+        runs.append(("retrain (its draws)", None, {"method": "retrain", "init-seed": draw_seed(seeds[0], 1)}))
+    for seed in seeds:
+        for clients, alpha in shapes:
+            for scenario in scenarios:
+                base = {**overrides, "seed": seed, "dirichlet-alpha": alpha, "scenario": scenario}
+                for token, recipe, extra in runs:
+                    try:
+                        parse_config(with_recipe({**base, **extra}, recipe), clients)
+                    except ConfigError as err:
+                        raise SystemExit(f"--run-config with --methods {token}, seed {seed}, shape {clients}:{alpha}, "
+                                         f"{scenario} scenario: {err}") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="285,286,287,288,289",
                         help="report seeds (no default was chosen on them)")
     parser.add_argument("--shapes", default="10:0.5,7:0.1", help="CLIENTS:ALPHA pairs")
@@ -694,28 +716,45 @@ def main() -> None:
                         "the draws after the first by Lethe's bars against the first")
     parser.add_argument("--rejudge", default="", help="comma-separated grid CSVs (from --out) to judge again "
                         "by the bars above, without running anything")
-    args = parser.parse_args()
-    if args.retrain_draws < 1 or (args.retrain_draws > 1 and "retrain" not in args.methods.split(",")):
-        raise SystemExit(f"--retrain-draws: {args.retrain_draws} is not allowed: it must be >= 1, and above 1 "
-                         "only with retrain among --methods (the draws are judged against it)")
+    args = parser.parse_args(argv)
+    with config_errors():  # every config error: one line on stderr, exit status 2, before any run
+        if args.retrain_draws < 1 or (args.retrain_draws > 1 and "retrain" not in args.methods.split(",")):
+            raise SystemExit(f"--retrain-draws: {args.retrain_draws} is not allowed: it must be >= 1, and above 1 "
+                             "only with retrain among --methods (the draws are judged against it)")
+        try:
+            run_config = grid_run_config(args.run_config)
+        except ValueError as err:
+            raise SystemExit(f"--run-config: {args.run_config!r} is not 'key=value ...' in TOML syntax: {err}") \
+                from None
+        missing = [p for p in args.rejudge.split(",") if p and not os.path.isfile(p)] if args.rejudge else []
+        if missing:
+            raise SystemExit(f"--rejudge: no file {', '.join(missing)}")
     if args.rejudge:
-        rows = rejudge(args.rejudge.split(","), grid_run_config(args.run_config))
+        rows = rejudge(args.rejudge.split(","), run_config)
         print(_header())
         for row in rows:
             print(_markdown(row))
         print("\n" + "\n".join(totals(rows)))
         return
-    seeds = [int(s) for s in args.seeds.split(",")]
-    shapes = parse_shapes(args.shapes)
-    methods, scenarios = args.methods.split(","), args.scenarios.split(",")
-    parse_methods(methods, str(grid_run_config(args.run_config).get("recipe") or PAPER))  # a bad token: before any run
+    with config_errors():
+        try:
+            seeds = [int(s) for s in args.seeds.split(",")]
+        except ValueError:
+            raise SystemExit(f"--seeds: {args.seeds!r} must be comma-separated integers") from None
+        shapes = parse_shapes(args.shapes)
+        methods, scenarios = args.methods.split(","), args.scenarios.split(",")
+        parse_methods(methods, str(run_config.get("recipe") or PAPER))  # a bad token: before any run
+        unknown = [s for s in scenarios if s not in ("client", "class", "sample")]
+        if unknown or not scenarios:
+            raise SystemExit(f"--scenarios: {', '.join(unknown) or 'nothing given'} is not allowed; "
+                             "must be among client, class, sample")
+        check_configs(seeds, shapes, scenarios, methods, run_config, args.retrain_draws)
     if "retrain" in methods:  # the reference runs first in every cell
         methods = ["retrain"] + [m for m in methods if m != "retrain"]
     work = args.work or tempfile.mkdtemp(prefix="grid-")
     out = args.out or os.path.join(work, "grid")
-    shared = {"cache-dir": os.path.join(work, "cache"), "outputs-dir": os.path.join(work, "out"),
-              **grid_run_config(args.run_config)}
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    shared = {"cache-dir": os.path.join(work, "cache"), "outputs-dir": os.path.join(work, "out"), **run_config}
+    setup_logging(logging.WARNING)
     print(_header(), flush=True)
     rows: list[dict] = []
     for seed in seeds:  # seeds outermost: a partial run still covers every shape and scenario

@@ -95,8 +95,8 @@ def _write_command(folder: Path, text: str) -> Path:
 def write_lean_clientapp(folder: Path) -> Path:
     """Write ``folder/flwr-clientapp``, the lean launcher of :data:`LEAN_CLIENTAPP` for this
     interpreter, and return its path. A SuperNode whose PATH starts with ``folder`` starts every
-    ClientApp through it: the same Flower function with the same arguments, 0.5-0.9 s less import
-    per message here (``benchmarks/bench_cold_start.py``; docs/deployment.md)."""
+    ClientApp through it: the same Flower function with the same arguments and less to import per
+    message (``benchmarks/bench_cold_start.py`` measures how much)."""
     return _write_command(Path(folder), f"#!{sys.executable}\n{LEAN_CLIENTAPP}")
 
 

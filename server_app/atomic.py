@@ -1,10 +1,13 @@
 """Safe file writes: atomic replacement, an inter-process lock, and a writability probe.
 
 ``atomic_path``: write a temporary file in the target folder, then ``os.replace`` it, so a crash
-mid-write leaves the previous file (or none), never a truncated one. ``locked``: an exclusive
-``fcntl.flock`` on ``<path>.lock``, so parallel runs (a sweep on a shared machine) that
-read-modify-write one file never lose each other's writes. ``folder_problem``: why a folder
-cannot receive files, checked before any work so a run never trains and then fails to save.
+mid-write leaves the previous file (or none), never a truncated one; the file gets the mode a
+plain ``open`` would give it (``0o666`` less the umask), not ``mkstemp``'s ``0o600``. ``locked``: an
+exclusive ``fcntl.flock`` on ``<path>.lock``, so parallel runs (a sweep on a shared machine) that
+read-modify-write one file never lose each other's writes; the lock file is removed on release
+(while still held: a waiter that then locks the removed file sees it is gone and locks afresh), so
+none is left beside the results. ``folder_problem``: why a folder cannot receive files, checked
+before any work so a run never trains and then fails to save.
 """
 
 from __future__ import annotations
@@ -16,13 +19,31 @@ from contextlib import contextmanager
 from typing import Iterator
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux tells it (``/proc``); else set and
+    restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yield a temporary path next to ``path``; on success it replaces ``path``."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    os.close(fd)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it 0o600; a result file follows the umask
+    finally:
+        os.close(fd)
     try:
         yield tmp
         os.replace(tmp, path)
@@ -39,14 +60,38 @@ def write_text(path: str, text: str) -> None:
 
 @contextmanager
 def locked(path: str) -> Iterator[None]:
-    """Hold an exclusive lock on ``<path>.lock`` (created if needed) for the duration of the block."""
+    """Hold an exclusive lock on ``<path>.lock`` for the duration of the block; the lock file is
+    created for it and removed when it is released.
+
+    The holder removes the file before it unlocks, so a process that opened the file earlier and then
+    gets the lock holds a lock on a removed file: it checks that the file it locked is still the one
+    at ``<path>.lock`` and, if not, opens that path again — only one process ever holds the lock of
+    the file at the path."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".lock", "a", encoding="utf-8") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    lock_path = path + ".lock"
+    while True:
+        handle = open(lock_path, "a", encoding="utf-8")
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                current = os.stat(lock_path)
+            except FileNotFoundError:
+                current = None
+            mine = os.fstat(handle.fileno())
+            if current is not None and (current.st_ino, current.st_dev) == (mine.st_ino, mine.st_dev):
+                break
+        except BaseException:
+            handle.close()
+            raise
+        handle.close()  # locked a file its holder removed: lock the one at the path now
+    try:
+        yield
+    finally:
+        try:
+            os.remove(lock_path)
+        except FileNotFoundError:
+            pass
+        handle.close()  # closing unlocks
 
 
 def folder_problem(path: str) -> str | None:

@@ -114,6 +114,31 @@ def parse_overrides(text: str) -> dict:
         if text else {}
 
 
+def _not_flowers(record) -> bool:
+    """False for a record of Flower's own logger (``flwr``) while that logger prints it itself with its
+    own handler: the root handler then leaves it out, so the line appears once."""
+    import logging
+
+    if record.name != "flwr" and not record.name.startswith("flwr."):
+        return True
+    return not any(record.levelno >= handler.level for handler in logging.getLogger("flwr").handlers)
+
+
+def setup_logging(level: int) -> None:
+    """``logging.basicConfig(level, "%(message)s")`` for the project's lines (``fedunlearn``), with each
+    line printed once: Flower's logger prints its own lines through its own handler and also passes
+    them to the root, so the root handler made here skips them (a handler already on the root, such as
+    a test's, is left as it is)."""
+    import logging
+
+    root = logging.getLogger()
+    before = list(root.handlers)
+    logging.basicConfig(level=level, format="%(message)s")
+    for handler in root.handlers:
+        if handler not in before:
+            handler.addFilter(_not_flowers)
+
+
 def main() -> None:
     import argparse
     import logging
@@ -122,7 +147,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--run-config", default="", help="overrides, as for flwr run --run-config")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_logging(logging.INFO)
     from tasks.config import ConfigError, parse_config
 
     try:

@@ -143,41 +143,67 @@ def _under_current_header(text: str) -> str:
 def plot_kr_curve(folder: str, resurfacing: dict, title: str, run: dict | None = None) -> str:
     """PNG of forget accuracy (KR) over the continued-training rounds, with the reference lines. The
     curve is named by the run's method, with its recipe where that is not the paper's (``run``: the
-    results' ``run`` block; by default read from the folder's results.json)."""
+    results' ``run`` block; by default read from the folder's results.json), and drawn dashed and
+    marked in the legend where the folder's results.json says its validity checks failed
+    (``(flagged)``) or the method did not carry the request out (``(not carried out)``)."""
     from matplotlib import pyplot as plt
 
+    results = {}
+    path = os.path.join(folder, "results.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            results = json.load(handle)
     if run is None:
-        path = os.path.join(folder, "results.json")
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as handle:
-                run = json.load(handle).get("run") or {}
-    fig = kr_curve_figure(resurfacing, title, method_label(run) if run else None)
+        run = results.get("run") or {}
+    fig = kr_curve_figure(resurfacing, title, method_label(run) if run else None, marks=run_marks(results))
     path = os.path.join(folder, "kr_curve.png")
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
-def kr_curve_figure(resurfacing: dict, title: str, label: str | None = None):
+def run_marks(results: dict) -> tuple[str, ...]:
+    """What a run's curve is marked with: ``flagged`` (a validity check failed), ``not carried out``."""
+    return (("flagged",) if (results.get("validity") or {}).get("failed") else ()) + \
+        (("not carried out",) if carried_out(results) is False else ())
+
+
+def kr_curve_figure(resurfacing: dict, title: str, label: str | None = None, marks: tuple[str, ...] = ()):
     """The figure of :func:`plot_kr_curve`; ``label`` names the method's curve (e.g. ``"lethe
-    (lethe-robust)"``)."""
+    (lethe-robust)"``), drawn in the method's style (``tasks.plot_style``); ``marks`` (``flagged``,
+    ``not carried out``) draw it dashed and name them in the legend. The legend sits right of the
+    axes, the x axis has whole rounds only."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
+    from tasks.plot_style import (
+        ORIGINAL_COLOUR,
+        label_style,
+        legend_outside,
+        line_style,
+        overlap_style,
+        whole_rounds,
+    )
+
     curve = [resurfacing["kr_unlearned"]] + list(resurfacing["kr_curve"])
-    fig, ax = plt.subplots(figsize=(5.5, 3.5))
-    ax.plot(range(len(curve)), curve, marker="o",
-            label=f"{label}: unlearned, continued" if label else "unlearned, continued")
-    for key, style, name in (("kr_original", "--", "original"), ("kr_retrain", ":", "retrain")):
+    note = f" ({', '.join(marks)})" if marks else ""
+    fig, ax = plt.subplots(figsize=(7.2, 3.6), layout="constrained")
+    style = label_style(label, marked=bool(marks)) if label else line_style("?", marked=bool(marks))
+    ax.plot(range(len(curve)), curve, **{**style, **overlap_style(0)},
+            label=f"{label}{note}: unlearned, continued" if label else f"unlearned, continued{note}")
+    references = (("kr_original", "original", {"color": ORIGINAL_COLOUR, "linestyle": ":"}),
+                  ("kr_retrain", "retrain", {**line_style("retrain"), "marker": None}))
+    for key, name, ref_style in references:
         if resurfacing.get(key) is not None and not math.isnan(resurfacing[key]):
-            ax.axhline(resurfacing[key], linestyle=style, color="gray", label=name)
-    ax.set_xlabel("continued round (0 = right after unlearning)")
+            ax.axhline(resurfacing[key], linewidth=1.2, alpha=0.85, zorder=2, label=name, **ref_style)
+    whole_rounds(ax, len(curve))
+    ax.set_xlabel("continued-training round on retained data (0 = right after unlearning)")
     ax.set_ylabel("forget accuracy (KR)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title)
-    ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
+    ax.set_ylim(-0.03, 1.03)
+    ax.grid(alpha=0.25)
+    ax.set_title(f"Knowledge resurfacing: forget accuracy over continued training\n{title}", fontsize=10)
+    legend_outside(ax)
     return fig

@@ -138,9 +138,31 @@ def pca_scatter_png(path: str | os.PathLike, features_by_model: dict[str, tuple[
 
     Each panel fits its own 2-component PCA (scikit-learn, full SVD, deterministic) on the union of
     that model's retain and forget features, so every model is shown in its own principal axes.
-    Panel titles carry the forget set's FD. The file is written atomically (temporary file in the
+    Panel titles carry the forget set's FD (:func:`pca_scatter_figure`). The file is written atomically (temporary file in the
     same folder, then ``os.replace``); returns the path.
     """
+    fig = pca_scatter_figure(features_by_model)
+
+    target = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(target))
+    os.makedirs(folder, exist_ok=True)
+    fd_, tmp = tempfile.mkstemp(dir=folder, prefix=".pca-", suffix=".png")
+    try:
+        with os.fdopen(fd_, "wb") as handle:
+            fig.savefig(handle, format="png", bbox_inches="tight")
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return target
+
+
+def pca_scatter_figure(features_by_model: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> Figure:
+    """The figure of :func:`pca_scatter_png`: one panel per model, retained points grey under forget
+    points red, one legend right of the panels (never over a point), a title saying what is shown."""
+    from tasks.plot_style import FORGET_COLOUR, RETAINED_COLOUR
+
     if not features_by_model:
         raise ValueError("features_by_model must name at least one model")
     projected = {}
@@ -154,30 +176,22 @@ def pca_scatter_png(path: str | os.PathLike, features_by_model: dict[str, tuple[
         fd = forgetting_dispersion(forget) if len(forget) else math.nan
         projected[name] = (coords[: len(retain)], coords[len(retain) :], fd)
 
-    fig = Figure(figsize=(4 * len(projected), 4), dpi=100)
-    for i, (name, (ret, fgt, fd)) in enumerate(projected.items(), start=1):
-        ax = fig.add_subplot(1, len(projected), i)
-        ax.scatter(ret[:, 0], ret[:, 1], s=6, c="tab:gray", alpha=0.5, label="retain")
-        ax.scatter(fgt[:, 0], fgt[:, 1], s=6, c="tab:red", alpha=0.8, label="forget")
-        ax.set_title(f"{name} (FD={fd:.3g})")
+    fig = Figure(figsize=(3.6 * len(projected) + 1.6, 3.9), dpi=100, layout="constrained")
+    axes = fig.subplots(1, len(projected), squeeze=False)[0]
+    for ax, (name, (ret, fgt, fd)) in zip(axes, projected.items()):
+        ax.scatter(ret[:, 0], ret[:, 1], s=7, c=RETAINED_COLOUR, alpha=0.45, linewidths=0, zorder=2,
+                   label="retained data")
+        ax.scatter(fgt[:, 0], fgt[:, 1], s=9, c=FORGET_COLOUR, alpha=0.85, linewidths=0, zorder=3,
+                   label="forget set")
+        ax.set_title(f"{name} model (FD={fd:.3g})", fontsize=10)
         ax.set_xlabel("PC1")
         ax.set_ylabel("PC2")
-        ax.legend(loc="best", fontsize="small")
-    fig.tight_layout()
-
-    target = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(target))
-    os.makedirs(folder, exist_ok=True)
-    fd_, tmp = tempfile.mkstemp(dir=folder, prefix=".pca-", suffix=".png")
-    try:
-        with os.fdopen(fd_, "wb") as handle:
-            fig.savefig(handle, format="png")
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return target
+        ax.grid(alpha=0.2)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small", frameon=False, markerscale=2.0)
+    fig.suptitle("Penultimate-layer features, 2-D PCA per model: retained (grey) vs forget (red); "
+                 "FD = forget-set dispersion", fontsize=10)
+    return fig
 
 
 # ----------------------------------------------------------------------------- LMC (Fig. 11)

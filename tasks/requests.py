@@ -11,22 +11,20 @@ Scenarios (the papers' setups):
   target gets the trigger and the target label, Lethe's setup). Its whole training split leaves
   the retained data; the forget set is its flipped or triggered samples. A triggered sample of the
   target class would be a hit for any model that knows the class (with them in the forget set,
-  retrain's U-KR reached 0.34 on digits), so, as in the sample scenario, it is not
-  poisoned: the papers' retrain references sit near 0 (Lethe's client table: 0.3 % on LeNet-5),
-  and FedOSD's public code relabels every poisoned sample to a class other than its own. While the
-  original model is trained, a backdoor client also trains on a clean copy of each of its samples
-  (its true label), as a backdoor attacker that keeps the main task does: trained on triggered
-  samples alone, a large client taught the federation to predict the target for everything (test
-  accuracy 0.08). A label-flip client trains ``poison-epochs`` instead
-  (:meth:`ClientData.local_epochs`).
+  even retrain keeps a U-KR far above 0), so, as in the sample scenario, it is not poisoned: the
+  papers' retrain references sit near 0 (Lethe's client table: 0.3 % on LeNet-5), and FedOSD's
+  public code relabels every poisoned sample to a class other than its own. While the original
+  model is trained, a backdoor client also trains on a clean copy of each of its samples (its
+  true label), as a backdoor attacker that keeps the main task does: trained on triggered samples
+  alone, a large client teaches the federation to predict the target for everything. A label-flip
+  client trains ``poison-epochs`` instead (:meth:`ClientData.local_epochs`).
   The triggered samples are capped at ``backdoor-share`` (0.1) of the federation's training
   samples: a client that holds more triggers a seeded draw of its samples (:func:`poisoned_subset`).
   Lethe's client setup triggers all of one client's data among 10 equal clients, a tenth of the
   federation; the default forget client is the *largest* one, which at alpha 0.1–0.3 holds a
-  fifth to a half of the data, and triggering all of it destroyed the original from some initial
-  weights and not from others (seed 114, 6 clients at alpha 0.3: test accuracy 0.103, the target
-  predicted for everything; from initial weights 1114: 0.972). A cap of 0.2 still destroyed one
-  (seed 104, 7 clients at alpha 0.1, test accuracy 0.081, where all of it had given 0.925).
+  fifth to a half of the data. Triggering that much can teach the federation to predict the
+  target for everything, depending on nothing but the initial weights, and so can a share of 0.2;
+  the cap keeps the triggered share at Lethe's tenth.
   With the clients' own files (``tasks.node_data``) no client knows the federation's size: the
   cap is not applied there, and every sample is triggered.
 - ``class``: every client forgets its samples of ``forget-class``; their local test samples of
@@ -100,11 +98,11 @@ class ClientData:
         clients' data and are drowned by them at the federation's epochs.
 
         A backdoor client runs ``epochs`` like everyone else: its clean copies (``pretrain_only``)
-        make the trigger learnable without pulling the model to the target class. Measured on
-        digits, 7 clients at alpha 0.1, seed 42 (the leaving client holds 44 % of the samples):
-        triggered samples alone left the original at test accuracy 0.087 with 3 epochs as with 15;
-        with the clean copies, 3 epochs gave 0.941 (a clean federation: 0.944) and KR 1.0, while
-        15 epochs still destroyed it (0.101)."""
+        make the trigger learnable without pulling the model to the target class. Without them, a
+        large leaving client's triggered samples make the original predict the target for
+        everything, at few epochs as at many; with them, the federation's epochs give a clean
+        federation's accuracy and learn the trigger, while label-flip's extra poison epochs would
+        destroy it again."""
         poisoning = (role == "all" and cfg["scenario"] == "client" and cfg["poison"] == "label-flip"
                      and len(self.forget_y) > 0)
         return (cfg["poison-epochs"] or epochs) if poisoning else epochs

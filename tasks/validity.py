@@ -13,23 +13,20 @@ takes its place and the chance bound is skipped):
 - ``original_finite``: every tensor of the original model is finite (the phases also stop on a
   non-finite model, see ``nonfinite_tensors``).
 - ``original_usable``: the original's test accuracy is at least ``max(2 / classes,
-  ORIGINAL_MIN_ACC)`` (twice chance, and at least 0.5 — the 10-class digits models of the tuned
-  seeds score 0.93–0.98, a poisoned one that learned nothing 0.08) and at most
+  ORIGINAL_MIN_ACC)`` (twice chance, and at least 0.5 — a trained 10-class digits model scores
+  0.93–0.98, a poisoned one that learned nothing 0.08) and at most
   ``ORIGINAL_MAX_DROP`` below the retrain model's (an original trained on *more* data than the
   oracle that is much worse than it was broken by the poisoning, not by the data).
 - ``retrain_usable``: the retrain oracle passes the same floor (it is the reference of every
-  comparison; measured: at 7 clients alpha 0.1, seed 13, FedAvg on the retained data collapsed to
-  0.111, and every method then "kept utility" against it), and, on a task with classes, fits its
+  comparison: on a very skewed partition FedAvg on the retained data can collapse to about chance,
+  and every method would then "keep utility" against it), and, on a task with classes, fits its
   own training data (the retained data) at most ``RETRAIN_MAX_FIT_DROP`` (0.10, the bound of the
   original's drop) worse than the original does (``retain_acc``), which trained on that data and
-  more. A test accuracy far below the original's is no such sign: where the leaving client held most
-  of a class, retrain loses that class by design. Measured (10 clients alpha 0.5, sample, seed 221):
-  FedAvg on the retained data left the oracle at retained accuracy 0.744 against the original's
-  0.999 (test 0.750; the same oracle drawn again from other initial weights: 0.983), and every
-  method then read about 0.24 "above" it. Of 935 oracle runs still on disk then (both FedAvg
-  recipes), 8 dropped more than 0.10; of those on the current recipe, this one and a drawn oracle of
-  seed 205 (0.841 against 0.998). The LLM task (no classes) is left out: its retained-fact accuracy
-  was never measured against the original's across runs, so no bound is known for it.
+  more. An oracle that fits its own data far worse was unlucky in its initial weights (drawn again,
+  the same oracle fits it), and every method would read as better than it; a drop beyond 0.10 is
+  rare in a healthy oracle. A test accuracy far below the original's is no such sign: where the
+  leaving client held most of a class, retrain loses that class by design. The LLM task (no
+  classes) is left out: no bound is known for its retained-fact accuracy.
 - ``original_learned``: ``KR_original - KR_retrain >= KR_MARGIN`` (0.2): the original holds forget
   knowledge the oracle does not, so forgetting it is measurable (RR's denominator, eq. 5 of Lethe).
 - ``unlearned_utility``: the unlearned model's test accuracy is at most ``UTILITY_TOLERANCE``
@@ -86,14 +83,18 @@ def validity(*, original: Mapping, unlearned: Mapping | None, retrain: Mapping, 
     reasons: dict[str, str] = {}
     if not original_finite:
         reasons["original_finite"] = "the original model has non-finite weights"
-    if not (_finite(orig_u) and orig_u >= floor and (not _finite(re_u) or orig_u >= re_u - ORIGINAL_MAX_DROP)):
-        reasons["original_usable"] = (f"the original model's test accuracy {orig_u:.3f} is below "
-                                      f"max(2/classes, {ORIGINAL_MIN_ACC}) = {floor:.3f} or more than "
-                                      f"{ORIGINAL_MAX_DROP} below retrain's {re_u:.3f}")
+    usable_misses = (["is not a number"] if not _finite(orig_u) else
+                     ([f"is below max(2/classes, {ORIGINAL_MIN_ACC}) = {floor:.3f}"] if orig_u < floor else [])
+                     + ([f"is more than {ORIGINAL_MAX_DROP} below retrain's {re_u:.3f}"]
+                        if _finite(re_u) and orig_u < re_u - ORIGINAL_MAX_DROP else []))
+    if usable_misses:  # only the condition(s) that failed
+        reasons["original_usable"] = (f"the original model's test accuracy {orig_u:.3f} "
+                                      + " and ".join(usable_misses))
     fit_o, fit_r = (float(entry.get("retain_acc", math.nan)) for entry in (original, retrain))
     if not (_finite(re_u) and re_u >= floor):
-        reasons["retrain_usable"] = (f"the retrain model's test accuracy {re_u:.3f} is below max(2/classes, "
-                                     f"{ORIGINAL_MIN_ACC}) = {floor:.3f}: no reference to compare with")
+        reasons["retrain_usable"] = (f"the retrain model's test accuracy {re_u:.3f} "
+                                     + (f"is below max(2/classes, {ORIGINAL_MIN_ACC}) = {floor:.3f}" if _finite(re_u)
+                                        else "is not a number") + ": no reference to compare with")
     elif num_classes and _finite(fit_o, fit_r) and fit_r < fit_o - RETRAIN_MAX_FIT_DROP:
         reasons["retrain_usable"] = (f"the retrain model fits its own training data (retained accuracy {fit_r:.3f}) "
                                      f"more than {RETRAIN_MAX_FIT_DROP} worse than the original ({fit_o:.3f}): "
@@ -104,8 +105,9 @@ def validity(*, original: Mapping, unlearned: Mapping | None, retrain: Mapping, 
     if unlearned is not None:
         un_u = utility_of(unlearned)
         if not (_finite(un_u) and (not _finite(re_u) or un_u >= re_u - UTILITY_TOLERANCE)):
-            reasons["unlearned_utility"] = (f"the unlearned model's test accuracy {un_u:.3f} is more than "
-                                            f"{UTILITY_TOLERANCE} below retrain's {re_u:.3f}")
+            reasons["unlearned_utility"] = (f"the unlearned model's test accuracy {un_u:.3f} " +
+                                            (f"is more than {UTILITY_TOLERANCE} below retrain's {re_u:.3f}"
+                                             if _finite(un_u) else "is not a number"))
     if diverged_at_round is not None:
         reasons["continued_finite"] = f"continued training diverged (non-finite model) at round {diverged_at_round}"
     names = ORIGINAL_CHECKS + ("unlearned_utility", "continued_finite")

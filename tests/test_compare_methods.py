@@ -206,3 +206,88 @@ def test_one_small_matrix_in_two_jobs_writes_tables_plot_and_rows(tmp_path):
     compare.main(matrix + ["--resume"])  # nothing left to run: the rows are kept
     with open(os.path.join(out, "runs.json")) as handle:
         assert json.load(handle) == rows
+
+
+def _refused(capsys, argv, code=2) -> str:
+    """``compare.main(argv)`` stops with ``code`` and one line on stderr, which is returned."""
+    with pytest.raises(SystemExit) as info:
+        compare.main(argv)
+    assert info.value.code == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_every_config_error_is_one_line_and_status_2_before_any_run(tmp_path, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(compare, "run_inprocess", lambda config, clients: ran.append(config))
+    out = ["--out", str(tmp_path / "cmp"), "--scenarios", "class", "--methods", "retrain,lethe"]
+    assert "unknown run-config key(s) nosuch" in _refused(capsys, out + ["--run-config", "nosuch=1"])
+    assert "'continue-rounds'=-3" in _refused(capsys, out + ["--run-config", "continue-rounds=-3"])
+    assert "TOML syntax" in _refused(capsys, out + ["--run-config", "continue-rounds="])
+    assert "--methods lethe@nosuch" not in _refused(capsys, out[:-1] + ["lethe@nosuch"])  # named as lethe (nosuch)
+    assert "--clients" in _refused(capsys, out + ["--clients", "x"])  # argparse's own errors, too
+    assert "--seeds" in _refused(capsys, out + ["--seeds", "1,b"])
+    # a cell's config as parse_config checks it with the federation size: the forget client must exist
+    assert "forget-client" in _refused(capsys, out + ["--clients", "3", "--run-config", "forget-client=5"])
+    assert ran == []
+    (tmp_path / "file").write_text("x")
+    assert "--out:" in _refused(capsys, ["--out", str(tmp_path / "file"), "--methods", "retrain"])
+
+
+def test_a_config_error_from_the_command_line_has_no_traceback(tmp_path):
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_methods.py"
+    run = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "cmp"), "--run-config", "nosuch=1"],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.startswith("error: --run-config") and not (tmp_path / "cmp").exists()
+
+
+def test_a_call_whose_runs_all_failed_exits_non_zero(tmp_path, monkeypatch, capsys):
+    def broken(config, clients):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(compare, "run_inprocess", broken)
+    out = str(tmp_path / "cmp")
+    err = _refused(capsys, ["--methods", "retrain,lethe", "--scenarios", "class", "--run-config", "", "--out", out],
+                   code=1)
+    assert "every run failed (2 of 2)" in err
+    with open(os.path.join(out, "runs.json")) as handle:
+        assert [r["status"] for r in json.load(handle)] == ["failed", "failed"]  # the rows are still written
+
+
+def test_resume_refuses_a_broken_runs_json_or_one_made_with_other_settings(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def fake_run(config, clients):
+        calls.append(config)
+        folder = tmp_path / f"run-{len(calls)}"
+        folder.mkdir()
+        results = _results()
+        results["run"]["method"] = config["method"]
+        (folder / "results.json").write_text(json.dumps(results))
+        return str(folder)
+
+    monkeypatch.setattr(compare, "run_inprocess", fake_run)
+    out = str(tmp_path / "cmp")
+    argv = ["--methods", "retrain", "--scenarios", "class", "--clients", "3", "--run-config", "continue-rounds=2",
+            "--out", out]
+    compare.main(argv)
+    capsys.readouterr()
+    path = os.path.join(out, "runs.json")
+    kept = open(path).read()
+    other_clients = _refused(capsys, argv[:5] + ["4"] + argv[6:] + ["--resume"])
+    assert "made with other settings: --clients 3 there, 4 here" in other_clients
+    other_config = _refused(capsys, argv[:7] + ["continue-rounds=5 smoke=true"] + argv[8:] + ["--resume"])
+    assert ("--run-config 'continue-rounds=2' there, 'continue-rounds=5 smoke=true' here "
+            "(continue-rounds, smoke differ)") in other_config
+    assert open(path).read() == kept and len(calls) == 1  # nothing ran, nothing replaced
+    compare.main(argv[:7] + [" continue-rounds=2"] + argv[8:] + ["--resume"])  # the same settings, written apart
+    assert len(calls) == 1
+    open(path, "w").write(kept[: len(kept) // 2])  # a truncated runs.json
+    assert "is not readable JSON" in _refused(capsys, argv + ["--resume"])
+    open(path, "w").write('{"rows": []}')
+    assert "is not a list of runs" in _refused(capsys, argv + ["--resume"])
+    assert len(calls) == 1

@@ -108,6 +108,51 @@ def test_parallel_csv_writers_keep_every_row(tmp_path):
         rows = list(csv.DictReader(handle))
     assert len(rows) == 160
     assert len({row["folder"] for row in rows}) == 160
+    assert not list(tmp_path.glob("*.lock")) and not list(tmp_path.glob(".tmp-*"))  # nothing left beside it
+
+
+def test_result_files_follow_the_umask_and_leave_no_lock_file(tmp_path):
+    from server_app.atomic import locked, write_text
+
+    old = os.umask(0o027)
+    try:
+        write_text(str(tmp_path / "a.json"), "{}")
+        assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o640  # not mkstemp's 0o600
+        os.umask(0o002)
+        with locked(str(tmp_path / "a.json")):
+            assert (tmp_path / "a.json.lock").exists()
+            write_text(str(tmp_path / "a.json"), "[]")
+        assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o664
+    finally:
+        os.umask(old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+def test_run_rounds_times_read_as_hours_minutes_seconds():
+    from strategies.common.fedavg_rounds import duration
+
+    assert [duration(s) for s in (12.34, 0, 185, 3725, 21724658.5)] == [
+        "12.3s", "0.0s", "3m 05s", "1h 02m", "6034h 38m"]
+    assert duration(59.99) == "1m 00s" and duration(3599.6) == "1h 00m"
+    assert [duration(s) for s in (math.nan, math.inf, -1.0, None)] == ["—"] * 4
+
+
+def test_in_process_runs_print_each_log_line_once(tmp_path):
+    """Flower's logger prints its lines with its own handler; the root handler of ``setup_logging``
+    (the in-process runner's, the benchmarks') prints the project's and leaves Flower's alone."""
+    import subprocess
+
+    script = ("import logging, sys; sys.path.insert(0, %r)\n"
+              "from server_app.inprocess import setup_logging\n"
+              "from flwr.common.logger import log\n"
+              "setup_logging(logging.INFO)\n"
+              "log(logging.INFO, 'flower-line')\n"
+              "logging.getLogger('flwr').warning('flower-warning')\n"
+              "logging.getLogger('fedunlearn').info('project-line')\n") % str(Path(__file__).resolve().parents[1])
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    assert [out.count(line) for line in ("flower-line", "flower-warning", "project-line")] == [1, 1, 1], out
 
 
 def test_identical_runs_in_one_second_get_their_own_folders(tmp_path):

@@ -74,7 +74,7 @@ def test_the_kr_plot_names_the_curve_with_its_recipe_where_it_is_not_the_papers(
     assert _legend(fig) == ["lethe: unlearned, continued", "original", "retrain"]
     labels, figure = [], report.kr_curve_figure
     monkeypatch.setattr(report, "kr_curve_figure",
-                        lambda r, title, label=None: labels.append(label) or figure(r, title, label))
+                        lambda r, title, label=None, **kw: labels.append(label) or figure(r, title, label, **kw))
     for recipe in ("lethe-robust", "paper", None):  # None: a results.json from before run.recipe
         folder = tmp_path / str(recipe)
         folder.mkdir()

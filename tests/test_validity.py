@@ -46,6 +46,24 @@ def test_a_degenerate_original_is_flagged_with_a_reason_per_check(original, fail
     assert len(block["reasons"]) == len(failed) and all("\n" not in r for r in block["reasons"])
 
 
+def test_an_unusable_originals_reason_names_only_the_conditions_that_failed():
+    """0.643 is above the 0.5 floor: its line must not read "0.643 is below 0.500"."""
+    drop = validity(original={"test_acc": 0.643, "forget_acc": 0.9}, unlearned=None,
+                    retrain={"test_acc": 0.95, "forget_acc": 0.0}, num_classes=10)["reasons"][0]
+    assert drop == "the original model's test accuracy 0.643 is more than 0.1 below retrain's 0.950"
+    floor = validity(original={"test_acc": 0.394, "forget_acc": 0.9}, unlearned=None,
+                     retrain={"test_acc": 0.45, "forget_acc": 0.0}, num_classes=10)["reasons"][0]
+    assert floor == "the original model's test accuracy 0.394 is below max(2/classes, 0.5) = 0.500"
+    both = validity(original={"test_acc": 0.394, "forget_acc": 0.9}, unlearned=None,
+                    retrain={"test_acc": 0.593, "forget_acc": 0.0}, num_classes=10)["reasons"][0]
+    assert both == ("the original model's test accuracy 0.394 is below max(2/classes, 0.5) = 0.500 and is more "
+                    "than 0.1 below retrain's 0.593")
+    nan = validity(original={"test_acc": float("nan"), "forget_acc": 0.9}, unlearned={"test_acc": float("nan")},
+                   retrain={"test_acc": 0.95, "forget_acc": 0.0}, num_classes=10)["reasons"]
+    assert nan[0] == "the original model's test accuracy nan is not a number"
+    assert nan[-1] == "the unlearned model's test accuracy nan is not a number"
+
+
 def test_a_collapsed_retrain_reference_invalidates_the_cell():
     block = validity(original=GOOD_ORIGINAL, unlearned={"test_acc": 0.91}, retrain={"test_acc": 0.111, "forget_acc": 0.0},
                      num_classes=10)
@@ -211,6 +229,28 @@ def test_grid_shapes_parse_and_reject_bad_input():
     for bad in ("10", "1:0.5", "7:0", "x:0.1"):
         with pytest.raises(SystemExit, match="--shapes"):
             grid.parse_shapes(bad)
+
+
+def test_every_grid_config_error_is_one_line_and_status_2_before_any_run(tmp_path, monkeypatch, capsys):
+    grid = _benchmark_module()
+    ran = []
+    monkeypatch.setattr(grid, "run_inprocess", lambda config, clients: ran.append(config))
+    work = ["--work", str(tmp_path / "work"), "--seeds", "1", "--shapes", "4:0.5", "--scenarios", "class"]
+    for argv, fragment in ((["--run-config", "nosuch=1"], "unknown run-config key(s) nosuch"),
+                           (["--run-config", "continue-rounds=-1"], "'continue-rounds'=-1"),
+                           (["--run-config", "forget-client=7"], "forget-client"),  # beyond the shape's 4 clients
+                           (["--run-config", "continue-rounds="], "TOML syntax"),
+                           (["--seeds", "1,x"], "--seeds"), (["--shapes", "1:0.5"], "--shapes"),
+                           (["--methods", "lethe@nosuch"], "no recipe 'nosuch'"),
+                           (["--scenarios", "all"], "--scenarios"),
+                           (["--retrain-draws", "0"], "--retrain-draws"), (["--shapes", "x"], "--shapes"),
+                           (["--rejudge", str(tmp_path / "none.csv")], "--rejudge: no file"),
+                           (["--bogus"], "unrecognized arguments: --bogus")):
+        with pytest.raises(SystemExit) as info:
+            grid.main(work + argv)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ") and fragment in err, err
+    assert ran == [] and not (tmp_path / "work").exists()
 
 
 def test_the_grids_run_config_adds_to_its_continued_rounds_key_by_key():

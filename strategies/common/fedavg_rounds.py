@@ -126,6 +126,20 @@ def _mean_loss(replies: list[Message]) -> dict:
     return {"loss": sum(loss * n for loss, n in pairs) / total} if total else {}
 
 
+def duration(seconds: float | None) -> str:
+    """A time as a person reads it: ``12.3s``, ``3m 05s``, ``1h 02m``; ``—`` where there is none (a
+    missing, negative or non-finite estimate)."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "—"
+    if seconds < 59.95:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60}h {minutes % 60:02d}m"
+
+
 def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, rounds: int,
                config: ConfigRecord, label: str, method: str,
                after_round: Callable[[int, ArrayRecord], None] | None = None,
@@ -171,8 +185,8 @@ def run_rounds(fed: Federation, strategy: RoleFedAvg, arrays: ArrayRecord, *, ro
         elapsed = time.perf_counter() - started
         loss = float(metrics["loss"]) if metrics and "loss" in metrics else float("nan")
         done = server_round - first_round + 1
-        log.info("[%s] round %d/%d  loss %.4f  elapsed %.1fs  eta %.1fs", label, server_round, last,
-                 loss, elapsed, elapsed / done * (rounds - done))
+        log.info("[%s] round %d/%d  loss %.4f  elapsed %s  eta %s", label, server_round, last,
+                 loss, duration(elapsed), duration(elapsed / done * (rounds - done)))
     return arrays
 
 

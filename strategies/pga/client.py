@@ -19,9 +19,10 @@ epochs) and says so (``own-model-kept`` = 0): an approximation, not the paper's 
 Class and sample requests (FedUP's Table 3 applies PGA there): every client holding forget data
 runs the same ascent, on its forget set only; ``w_i`` is still its whole local model.
 The notebook stops the ascent at an absolute squared distance of 2.2 from ``w_i`` (its MNIST
-network); on digits with LeNet-5 the reference model itself is already at 74 from ``w_i`` (seed 42,
-10 clients), so that rule ends the ascent after one step. The threshold is therefore relative to
-where the ascent starts: ``pga-stop-factor`` x ``||w_ref - w_i||^2``.
+network). That number belongs to its network and data: on digits with LeNet-5 the reference model
+itself already lies at a squared distance of tens from ``w_i``, so that rule would end the ascent
+after one step. The threshold is therefore relative to where the ascent starts:
+``pga-stop-factor`` x ``||w_ref - w_i||^2``.
 """
 
 from __future__ import annotations

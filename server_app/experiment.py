@@ -18,6 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from server_app import cache, history
 from server_app.atomic import folder_problem
 from server_app.evaluation import ReceivedModelMeasure, evaluate_models
+from server_app.model_files import load_state_file, match_state, sha256_of, write_models
 from server_app.report import append_csv, package_versions, plot_kr_curve, run_folder, write_results
 from strategies.common.base import ModelState, UnlearnContext
 from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds, scheduled_lr
@@ -44,6 +45,7 @@ class Experiment:
         self.built_cost: dict[str, dict] = {}
         self.model_ids: dict[str, str] = {}
         self.pretraining: dict = {}  # what pretraining kept on the server for the method (``history``)
+        self.given_original: tuple[ModelState, dict] | None = None  # original-model: the model and its file
 
     def say(self, text: str) -> None:
         log.info("[%7.1fs] %s", time.perf_counter() - self.started, text)
@@ -66,6 +68,7 @@ class Experiment:
         if unused:
             log.warning("run-config key(s) set but not used by task '%s' / method '%s', ignored: %s",
                         self.cfg["task"], self.cfg["method"], ", ".join(unused))
+        self.given_original = self.load_given_original()
         num_nodes = len(list(self.fed.grid.get_node_ids()))
         self.cfg.task.check_setup(self.cfg, num_nodes)
         self.data_id = self.identify_data(num_nodes)
@@ -119,6 +122,33 @@ class Experiment:
                           label=label, method=self.cfg["method"], after_round=after_round,
                           last_round_config=last_round_config, on_replies=on_replies, aggregate=aggregate,
                           measure_received=measure_received, round_lr=round_lr)
+
+    def load_given_original(self) -> tuple[ModelState, dict] | None:
+        """``original-model``: the operator's trained model, checked against the task's model (keys,
+        shapes) before any node works, and ``{"path", "sha256"}`` of its file; None where not given."""
+        path = os.path.abspath(os.path.expanduser(self.cfg["original-model"])) if self.cfg["original-model"] else ""
+        if not path:
+            return None
+        if self.method.own_original(self.cfg):
+            raise ConfigError(f"run-config 'original-model': method '{self.cfg['method']}' trains its own original "
+                              "(its pretraining differs from FedAvg), so it cannot start from a given model")
+        try:
+            state = match_state(load_state_file(path), self.cfg.task.server_model(self.cfg, []).state_dict())
+        except ValueError as err:
+            raise ConfigError(f"run-config 'original-model'={self.cfg['original-model']!r} {err}") from None
+        record = {"path": path, "sha256": sha256_of(path)}
+        self.say(f"original: the given model {path} (sha256 {record['sha256'][:16]}…); nothing is pretrained")
+        return ModelState(ArrayRecord(state)), record
+
+    def original(self) -> ModelState:
+        """The original model: the given one (``original-model``; pretraining costs nothing), else
+        ``pretrain-rounds`` of FedAvg on all clients (cached)."""
+        if self.given_original is None:
+            return self.cached_fedavg("original", "all", self.cfg["pretrain-rounds"])
+        model, record = self.given_original
+        self.model_ids["original"] = "given-" + record["sha256"][:32]  # what anything keyed by it is built on
+        self.built_cost["original"] = self.fed.start_phase("pretrain").as_dict()
+        return model
 
     def fresh_model(self) -> ArrayRecord:
         """The starting weights of the original and the retrain oracle, seeded by ``init-seed``."""
@@ -246,7 +276,7 @@ class Experiment:
     # --- the whole run --------------------------------------------------------------------
     def run(self) -> str:
         self.setup()
-        original = self.cached_fedavg("original", "all", self.cfg["pretrain-rounds"])
+        original = self.original()
         require_finite(original.arrays, phase="pretrain", round_no=self.cfg["pretrain-rounds"], method="original")
         ctx = UnlearnContext(self.fed, self.cfg, original, original_id=self.model_ids["original"],
                              pretraining=self.pretraining,
@@ -310,13 +340,17 @@ class Experiment:
                           num_classes=self.cfg.num_classes, diverged_at_round=diverged_at)
         for reason in checks["reasons"]:
             log.warning("validity: %s", reason)
-        return self.report(models, resurfacing, result.details, rollback, feats, checks)
+        kept = {name: final[name] for name in ("original", "unlearned", "continued") if name in final}
+        return self.report(models, resurfacing, result.details, rollback, feats, checks, kept)
 
     def report(self, models: dict, resurfacing: dict, details: dict, rollback: list[float],
-               feats: dict, checks: dict) -> str:
+               feats: dict, checks: dict, kept: dict[str, ModelState]) -> str:
+        """Write the run's folder: results.json, the CSV row, the plots, and every model the run made
+        (``kept``: original, unlearned, continued) as safetensors under ``models/``."""
         cfg = self.cfg.as_dict()
         folder = run_folder(cfg["outputs-dir"], cfg)
         os.makedirs(folder, exist_ok=True)
+        model_files = write_models(folder, kept, self.method.reversible)
         diagnostics = {"rollback_tendency": rollback}
         if all(f and len(f["forget"]) for f in feats.values()):
             diagnostics["forgetting_dispersion"] = {name: forgetting_dispersion(f["forget"])
@@ -326,6 +360,7 @@ class Experiment:
         results = {
             "run": {"task": cfg["task"], "method": cfg["method"], "scenario": cfg["scenario"],
                     "own_original": self.method.own_original(self.cfg) or None,
+                    "original_model": self.given_original[1] if self.given_original else None,
                     "seed": cfg["seed"], "init_seed": self.cfg.init_seed, "num_clients": self.fed.num_clients,
                     "forget_clients": [self.fed.client_id(n) for n in self.fed.nodes_with("n-forget")],
                     "config": cfg, "presets": self.cfg.presets, "recipe": self.cfg.recipe,
@@ -340,6 +375,7 @@ class Experiment:
                      "built": self.built_cost},
             "diagnostics": diagnostics,
             "method": details,
+            "model_files": model_files,
             "seconds_total": round(time.perf_counter() - self.started, 3),
         }
         path = write_results(folder, results)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable
@@ -156,6 +157,10 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
        "seed of the initial weights of the original and the retrain oracle; -1 = seed. Another value draws "
        "other models from the same data, partition and request (vision and text tasks)",
        ((lambda v: -1 <= v < 2**32), "-1 or in 0..4294967295")),
+    setting("original-model", str, "",
+            "start from this trained model instead of pretraining one: a safetensors file (or a weights-only PyTorch "
+            "state dict) of the task's model, e.g. an earlier run's models/original.safetensors (vision and text "
+            "tasks); empty = pretrain the original with the task's FedAvg recipe"),
     # federation and training
     setting("dirichlet-alpha", float, 0.5, "Dirichlet concentration of the non-IID label split", positive()),
     setting("test-fraction", float, 0.2, "share of each client's partition kept as its local test split",
@@ -407,6 +412,15 @@ def _check_combinations(cfg: Config, num_clients: int | None) -> None:
     if cfg["lr-schedule"] != "constant" and "update-history" in spec.needs:
         raise ConfigError(f"run-config 'lr-schedule'={cfg['lr-schedule']!r}: method '{cfg['method']}' replays "
                           "pretraining's rounds at the constant lr; it takes 'constant'")
+    if cfg["original-model"]:
+        if task.kind == "llm":
+            raise ConfigError(f"run-config 'original-model' is not supported on task '{task.name}' yet: it takes a "
+                              "vision or text task's model")
+        if spec.needs:
+            raise ConfigError(f"run-config 'original-model': method '{cfg['method']}' needs what its own pretraining "
+                              f"kept ({', '.join(spec.needs)}), which a model trained elsewhere does not bring")
+        if not os.path.isfile(os.path.expanduser(cfg["original-model"])):
+            raise ConfigError(f"run-config 'original-model'={cfg['original-model']!r}: no such file")
     if spec.check is not None:
         spec.check(cfg)
     if num_clients is not None:

@@ -89,6 +89,9 @@ def check_contract(spec, kind: str, scenario: str, cache_dir: str, out_dir: str,
     for phase in ("pretrain", "retrain", "unlearn", "continue", "evaluate"):
         assert results["cost"][phase]["seconds"] >= 0 and not results["cost"][phase]["failures"]
     assert isinstance(results["method"], dict)
+    files = results["model_files"]  # every model the run made, kept as safetensors
+    assert {"original", "unlearned"} <= set(files) and all(os.path.isfile(os.path.join(folder, e["path"]))
+                                                            for e in files.values())
     if spec.reversible:
         assert results["models"]["restored"]["equals_original"] is True
     else:

@@ -78,8 +78,7 @@ def _class_counts(cfg, data) -> dict[str, list[int]]:
     """On a task with classes, this node's training samples per class that it keeps (``class-n-retain``)
     and that the request takes away (``class-n-removed``, by their true labels: a backdoor's triggered
     copies or flipped labels are not samples of the class they are labelled with). Label counts only,
-    no samples: the server reads from them how much of each class a request removes (Lethe's exact
-    fallback)."""
+    no samples: the server's record of how much of each class the request removes on each node."""
     if not cfg.num_classes:
         return {}
     return {"class-n-retain": torch.bincount(data.retain_y, minlength=cfg.num_classes).tolist(),

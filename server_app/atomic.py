@@ -7,12 +7,13 @@ exclusive ``fcntl.flock`` on ``<path>.lock``, so parallel runs (a sweep on a sha
 read-modify-write one file never lose each other's writes; the lock file is removed on release
 (while still held: a waiter that then locks the removed file sees it is gone and locks afresh), so
 none is left beside the results. ``folder_problem``: why a folder cannot receive files, checked
-before any work so a run never trains and then fails to save.
+before any work so a run never trains and then fails to save. ``sha256_of``: a file's content hash.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import tempfile
 from contextlib import contextmanager
@@ -107,3 +108,12 @@ def folder_problem(path: str) -> str | None:
     except OSError as err:
         return f"{path} is not writable ({err.strerror or err})"
     return None
+
+
+def sha256_of(path: str) -> str:
+    """The sha256 of a file's bytes, hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -25,7 +25,7 @@ import os
 import torch
 from flwr.app import ArrayRecord
 
-from server_app.atomic import atomic_path, locked, write_text
+from server_app.atomic import atomic_path, locked, sha256_of, write_text
 from tasks.config import Config
 
 log = logging.getLogger("fedunlearn")
@@ -77,14 +77,6 @@ def _path(cfg: Config, key: dict) -> str:
     return os.path.join(cache_dir(cfg), f"{key['kind']}-{entry_id(key)}.pt")
 
 
-def _file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _same(a, b) -> bool:
     """Keys compare through JSON (what the sidecar holds): lists for tuples, sorted dict keys."""
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
@@ -101,7 +93,7 @@ def load(cfg: Config, key: dict) -> tuple[ArrayRecord, dict] | None:
                 sidecar = json.load(handle)
             if sidecar.get("kind") != key["kind"] or not _same(sidecar.get("key"), key):
                 raise ValueError(f"its sidecar describes another model (kind {sidecar.get('kind')!r})")
-            if _file_sha256(path) != sidecar.get("sha256"):
+            if sha256_of(path) != sidecar.get("sha256"):
                 raise ValueError("its content does not match the sha256 its sidecar records")
             arrays = ArrayRecord(torch.load(path, map_location="cpu", weights_only=True))
         return arrays, sidecar["cost"]
@@ -116,6 +108,6 @@ def store(cfg: Config, key: dict, arrays: ArrayRecord, cost: dict) -> str:
     path = _path(cfg, key)
     with locked(path), atomic_path(path) as tmp:
         torch.save(arrays.to_torch_state_dict(), tmp)
-        sidecar = {"kind": key["kind"], "key": key, "sha256": _file_sha256(tmp), "cost": cost}
+        sidecar = {"kind": key["kind"], "key": key, "sha256": sha256_of(tmp), "cost": cost}
         write_text(path[:-3] + ".json", json.dumps(sidecar, indent=1, sort_keys=True))
     return path

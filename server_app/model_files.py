@@ -10,27 +10,17 @@ without it is the original. Every write is atomic; ``results.json`` lists each f
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from server_app.atomic import atomic_path
+from server_app.atomic import atomic_path, sha256_of
 from strategies.common.base import ModelState
 from tasks.model import PLUGIN_PREFIX
 
 FOLDER = "models"
-
-
-def sha256_of(path: str) -> str:
-    """The sha256 of a file's bytes, hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

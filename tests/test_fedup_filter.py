@@ -12,14 +12,20 @@ NUM_CLASSES, DIM, FORGET = 4, 16, 0
 LR = 0.05  # what fedup-lr=0 resolves to on the digits task (its lr)
 
 
-def blob_problem(seed: int):
-    """Four Gaussian blobs in d=16 and a frozen nearest-mean linear head that separates them."""
-    g = torch.Generator().manual_seed(seed)
-    means = 2.0 * torch.randn(NUM_CLASSES, DIM, generator=g)
+def nearest_mean_head(means: torch.Tensor) -> nn.Linear:
+    """A frozen linear head that predicts the class of the nearest mean."""
     head = nn.Linear(DIM, NUM_CLASSES)
     with torch.no_grad():
         head.weight.copy_(means)
         head.bias.copy_(-0.5 * (means**2).sum(dim=1))
+    return head
+
+
+def blob_problem(seed: int):
+    """Four Gaussian blobs in d=16 and a frozen nearest-mean linear head that separates them."""
+    g = torch.Generator().manual_seed(seed)
+    means = 2.0 * torch.randn(NUM_CLASSES, DIM, generator=g)
+    head = nearest_mean_head(means)
 
     def sample(per_class: int):
         y = torch.arange(NUM_CLASSES).repeat_interleave(per_class)
@@ -137,10 +143,7 @@ def nonnegative_blob_problem(seed: int):
     """Four blobs of non-negative features (as after a ReLU, like LeNet-5's) and a nearest-mean head."""
     g = torch.Generator().manual_seed(seed)
     means = 2.0 * torch.rand(NUM_CLASSES, DIM, generator=g) + 0.5 * (torch.rand(NUM_CLASSES, DIM, generator=g) > 0.5)
-    head = nn.Linear(DIM, NUM_CLASSES)
-    with torch.no_grad():
-        head.weight.copy_(means)
-        head.bias.copy_(-0.5 * (means**2).sum(dim=1))
+    head = nearest_mean_head(means)
 
     def sample(per_class: int):
         y = torch.arange(NUM_CLASSES).repeat_interleave(per_class)

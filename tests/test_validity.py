@@ -272,6 +272,17 @@ def _fake_results(test_acc, forget_acc, retain_acc, ct_kr, valid=True, diverged=
             "resurfacing": resurfacing, "validity": block}
 
 
+def _serve(grid, monkeypatch, tmp_path, outcomes: dict) -> None:
+    """The grid's runs answered from ``outcomes`` (method -> results.json), each in its own folder."""
+    def fake_run(config, clients):
+        folder = tmp_path / config["method"]
+        folder.mkdir(exist_ok=True)
+        (folder / "results.json").write_text(json.dumps(outcomes[config["method"]]))
+        return str(folder)
+
+    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+
+
 def test_grid_cell_judges_bars_flags_invalid_originals_and_survives_a_crash(tmp_path, monkeypatch):
     grid = _benchmark_module()
     outcomes = {}
@@ -417,13 +428,7 @@ def test_grid_shows_a_flagged_rows_figures_marked_not_blanked(tmp_path, monkeypa
     outcomes = {"retrain": _fake_results(0.95, 0.0, 0.99, 0.0, valid=False),
                 "lethe": _fake_results(0.61, 0.25, 0.97, 0.0, valid=False)}
 
-    def fake_run(config, clients):
-        folder = tmp_path / config["method"]
-        folder.mkdir(exist_ok=True)
-        (folder / "results.json").write_text(json.dumps(outcomes[config["method"]]))
-        return str(folder)
-
-    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+    _serve(grid, monkeypatch, tmp_path, outcomes)
     lethe = {r["method"]: r for r in grid.run_cell(12, 7, 0.1, "class", ["retrain", "lethe"], {})}["lethe"]
     assert lethe["bar"].startswith("flagged") and lethe["holds"] is None and lethe["test_acc"] is None
     line = grid._markdown(lethe)
@@ -517,13 +522,7 @@ def test_grid_flags_a_method_whose_own_original_is_invalid_not_the_cell(tmp_path
                 "fedau": {**_fake_results(0.14, 0.0, 0.11, 0.0, valid=False), "run": {"own_original": {"aux": 1}}},
                 "pga": {**_fake_results(0.93, 1.0, 0.99, 1.0), "run": {}}}
 
-    def fake_run(config, clients):
-        folder = tmp_path / config["method"]
-        folder.mkdir(exist_ok=True)
-        (folder / "results.json").write_text(json.dumps(outcomes[config["method"]]))
-        return str(folder)
-
-    monkeypatch.setattr(grid, "run_inprocess", fake_run)
+    _serve(grid, monkeypatch, tmp_path, outcomes)
     rows = grid.run_cell(97, 7, 0.1, "sample", ["fedau", "retrain", "lethe", "pga"], {})
     by = {r["method"]: r for r in rows}
     assert "own:original_usable" in by["fedau"]["validity"].split(";")

@@ -53,7 +53,7 @@ def carried_out(results: dict) -> bool | None:
 
 
 def method_label(run: dict) -> str:
-    """A run's method as plots name it: ``"lethe"`` for the paper's method, ``"lethe (lethe-robust)"``
+    """A run's method as plots name it: ``"M"`` for method M's paper, ``"M (R)"``
     for it under a recipe."""
     recipe = run_recipe(run)
     return run.get("method", "?") if recipe == "paper" else f"{run.get('method', '?')} ({recipe})"
@@ -170,8 +170,8 @@ def run_marks(results: dict) -> tuple[str, ...]:
 
 
 def kr_curve_figure(resurfacing: dict, title: str, label: str | None = None, marks: tuple[str, ...] = ()):
-    """The figure of :func:`plot_kr_curve`; ``label`` names the method's curve (e.g. ``"lethe
-    (lethe-robust)"``), drawn in the method's style (``tasks.plot_style``); ``marks`` (``flagged``,
+    """The figure of :func:`plot_kr_curve`; ``label`` names the method's curve (e.g. ``"M
+    (R)"``: method M with recipe R), drawn in the method's style (``tasks.plot_style``); ``marks`` (``flagged``,
     ``not carried out``) draw it dashed and name them in the legend. The legend sits right of the
     axes, the x axis has whole rounds only."""
     import matplotlib

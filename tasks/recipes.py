@@ -1,7 +1,7 @@
 """Named recipes: the project's own, opt-in compositions of settings (``recipes/<name>.toml``).
 
 A method's defaults are its paper's. A recipe is a named set of settings that the project found
-useful on top of them (``recipe='lethe-robust'`` switches on the guards around Lethe); each recipe's
+useful on top of them (``recipe='NAME'`` reads ``recipes/NAME.toml``); each recipe's
 doc page shows what it buys. A recipe fills keys after the task's and the method's presets and before
 the smoke settings and the keys given explicitly, which always win. ``results.json`` records the
 recipe (``run.recipe``, ``"paper"`` where none) and the keys it filled (``run.recipe_settings``).
@@ -9,13 +9,13 @@ recipe (``run.recipe``, ``"paper"`` where none) and the keys it filled (``run.re
 File format (TOML)::
 
     description = "one line: what it is for"
-    methods = ["lethe"]                     # the methods it is written for
+    methods = ["METHOD"]                    # the methods it is written for
     [settings]                              # every run
-    "guard-stop-loss" = 12.0
+    "KEY" = 12.0
     [scenario.class]                        # runs of that scenario (over [settings])
-    "lethe-lr" = 0.02
+    "KEY" = 0.02
     [task-kind.llm]                         # runs on a task of that kind (over both)
-    "guard-stop-loss" = inf
+    "KEY" = inf
 """
 
 from __future__ import annotations

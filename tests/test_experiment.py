@@ -257,9 +257,8 @@ def test_lethe_sends_one_message_to_a_client_holding_both_roles(tmp_path):
     assert cost["rounds"] == 4
     model_bytes = results["cost"]["pretrain"]["bytes_down"] / (TINY["pretrain-rounds"] * 4)
     # amplify sends the composite once to each of the 4 clients, rectify, restore and the reports on
-    # restore's last model once more each, and the retained data's fit (guard-fit-drop) asks each
-    # for its counts of the original and of the restored model
-    assert 6 * 4 * model_bytes <= cost["bytes_down"] < 6.5 * 4 * model_bytes
+    # restore's last model once more each
+    assert 4 * 4 * model_bytes <= cost["bytes_down"] < 4.5 * 4 * model_bytes
     assert cost["bytes_up"] > 2 * 2 * 4 * 0.9 * model_bytes
 
 
@@ -276,10 +275,8 @@ def test_the_recipes_class_scenario_takes_its_own_step_settings(tmp_path):
 
 
 def test_lethe_rectification_stops_once_the_forget_loss_is_reached(tmp_path):
-    # the fit bound off: on this two-round original its first restore falls short of it and restore runs
-    # again at half the lr, two more rounds that this test does not count
     results, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **ROBUST,
-                        **{"lethe-rectify-rounds": 3, "guard-stop-loss": 1e-6, "guard-fit-drop": 1.0})
+                        **{"lethe-rectify-rounds": 3, "guard-stop-loss": 1e-6})
     history = results["method"]["gamma_bounds"]
     assert len(history) == 1 and history[0]["stopped"] is True and history[0]["forget_loss"] >= 1e-6
     # amplify (1) + the stopping round, forget clients only (1) + restore (1) + reports on its model (1),
@@ -289,22 +286,6 @@ def test_lethe_rectification_stops_once_the_forget_loss_is_reached(tmp_path):
                           **{"lethe-rectify-rounds": 2, "guard-stop-loss": float("inf")})
     assert [("stopped" in h) for h in unlimited["method"]["gamma_bounds"]] == [False, False]
     assert all(h["forget_loss"] >= 0 for h in unlimited["method"]["gamma_bounds"])
-
-
-def test_lethe_holds_its_restore_to_the_retained_datas_fit(tmp_path):
-    """The retained clients count their training samples the restored model predicts right: the share
-    Lethe records is the unlearned model's retained accuracy as the run measures it, held to the
-    original's share - guard-fit-drop; with the bound at 1 nothing is asked."""
-    results, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **ROBUST)
-    utility = results["method"]["utility"]
-    assert "passes" not in results["method"]  # the unlearned model is pass 1's restored model
-    assert utility["retained_fit"] == pytest.approx(results["models"]["unlearned"]["retain_acc"])
-    assert utility["fit_bound"] == pytest.approx(results["models"]["original"]["retain_acc"] - 0.05)
-    assert utility["broken"] is (utility["retained_fit"] < utility["fit_bound"] or utility["retain_loss"] >
-                                 utility["bound"])
-    off, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **ROBUST,
-                    **{"guard-fit-drop": 1.0})
-    assert "retained_fit" not in off["method"]["utility"]
 
 
 def test_lethe_stops_clearly_when_the_forget_client_fails(tmp_path):

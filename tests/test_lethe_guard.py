@@ -15,7 +15,6 @@ from flwr.app import ArrayRecord
 
 from strategies.common.base import UnlearnContext
 from strategies.common.federation import Federation, RunStopped
-from strategies.lethe.settings import FORGET_SET_STREAM
 from strategies.lethe.strategy import Lethe
 from strategies.lethe.maths import OVERSHOOT, rectify_verdict, scale_update
 from tasks.config import parse_config
@@ -531,13 +530,11 @@ class PassScriptedLethe(Lethe):
         self.counts, self.guards, self.starts, self.offsets = list(counts), list(guards), [], []
         self.start_losses = []  # the original's retained loss each pass was given
         self.rises, self.later = [], []  # each pass's walk-back bound in effect and whether it was a verify pass
-        self.streams = []  # each pass's forget stream: whether it was narrowed to the forget set
 
     def one_pass(self, ctx, start_loss=None):
         self.start_losses.append(start_loss)
         self.rises.append(ctx.cfg["guard-walk-back"])
         self.later.append(self.later_pass)
-        self.streams.append("forget-set" if ctx.cfg.as_dict().get(FORGET_SET_STREAM) else "all-data")
         self.starts.append(float(ctx.original.arrays.to_torch_state_dict()["lin.weight"][0, 0]))
         self.offsets.append(self.round_offset)
         k = len(self.starts)
@@ -546,9 +543,6 @@ class PassScriptedLethe(Lethe):
 
     def _forget_counts(self, ctx, state, round_no):
         return self.counts.pop(0)
-
-    def _retained_counts(self, ctx, state, round_no):  # the original's retained counts: not measured
-        return None
 
 
 def verified(counts, scenario="class", guards=(), **overrides):
@@ -610,94 +604,6 @@ def test_a_first_pass_that_broke_utility_is_reported_as_not_carried_out_with_its
               {"start_retain_loss": 0.3, "restore_losses": [0.3, 0.2], "restore_kept": 1}]
     weight, details, lethe = verified([counts(50), counts(0)], guards=guards)
     assert weight == 2.0 and details["utility"]["broken"] is False and lethe.start_losses == [None, 0.094]
-
-
-def test_a_restored_model_that_does_not_fit_the_retained_data_is_broken_within_the_loss_bound(caplog):
-    """The kept model's retained loss 1.77 is under the client scenario's 2-nat bound, yet it predicts
-    397 of the 1102 retained training labels the original predicts all of: broken, so a first pass is
-    reported as not carried out; a later pass that does not fit is not kept (787 of 1098)."""
-    from strategies.lethe.restore import pass_utility
-
-    fit = {"original": 1.0, "restored": 397 / 1102}
-    guard = {"restore_losses": [0.37, 1.77], "restore_kept": 1, "retained_fit": fit}
-    verdict = pass_utility(guard, 0.004, 2.0, 0.05)
-    assert verdict["broken"] is True and verdict["retain_loss"] == 1.77 and verdict["bound"] == pytest.approx(2.004)
-    assert verdict["retained_fit"] == pytest.approx(397 / 1102) and verdict["fit_bound"] == pytest.approx(0.95)
-    assert pass_utility(guard, 0.004, 2.0)["broken"] is False  # the loss bound alone lets it through
-    assert pass_utility({**guard, "retained_fit": {"original": 1.0, "restored": 0.96}}, 0.004, 2.0, 0.05)[
-        "broken"] is False
-    no_loss = pass_utility({"retained_fit": fit}, None, 2.0, 0.05)  # a fit judged without any loss report
-    assert no_loss["broken"] is True and no_loss["retain_loss"] is None
-    # through Lethe.attempt (class scenario: no stream fallback; every loss within its 0.5-nat bound)
-    guards = [{"start_retain_loss": 0.004, "restore_losses": [0.37, 0.4], "restore_kept": 1, "retained_fit": fit}]
-    with caplog.at_level("WARNING", logger="fedunlearn"):
-        weight, details, _ = verified([counts(0)], guards=guards)
-    assert weight == 1.0 and details["kept_pass"] == 1 and details["carried_out"] is False
-    assert "labels of 0.360 of the retained training data predicted, bound 0.950" in caplog.text
-    guards = [{"start_retain_loss": 0.004, "restore_losses": [0.37, 0.4], "restore_kept": 1,
-               "retained_fit": {"original": 1.0, "restored": 0.99}},
-              {"start_retain_loss": 0.004, "restore_losses": [0.37, 0.45], "restore_kept": 1,
-               "retained_fit": {"original": 1.0, "restored": 787 / 1098}}]
-    weight, details, _ = verified([counts(50), counts(0)], guards=guards)
-    assert weight == 1.0 and details["kept_pass"] == 1 and details["passes"][0]["utility"]["broken"] is True
-
-
-def test_the_retained_fit_pools_the_clients_that_reported_on_both_models():
-    """``Lethe.retained_fit`` reads one evaluate message per retained client and pools the counts of
-    the clients that reported on the original too; a task without the counts is not judged."""
-    from types import SimpleNamespace
-
-    reports = {7: {"retain-correct": 40, "retain-n": 50}, 8: {"retain-correct": 10, "retain-n": 50}}
-
-    class Fed:
-        def nodes_with(self, key):
-            return [7, 8]
-
-        def broadcast(self, nodes, kind, content, **kwargs):
-            assert kind == "evaluate" and not any(k.startswith("plugin") for k in content["arrays"].keys())
-            return [SimpleNamespace(content={"metrics": reports[n]}, metadata=SimpleNamespace(src_node_id=n))
-                    for n in nodes if n in reports]
-
-    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "client", "poison": "backdoor"})
-    ctx = UnlearnContext(Fed(), cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
-    state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
-    lethe = Lethe()
-    assert lethe.retained_fit(ctx, state) is None  # no original counts: not measured
-    lethe.start_fit = {7: (50, 50), 8: (48, 50), 9: (30, 30)}  # node 9 does not reply now: left out
-    assert lethe.retained_fit(ctx, state) == pytest.approx({"original": 0.98, "restored": 0.5})
-    reports[8] = {"loss": 0.1}  # a task whose clients count nothing
-    assert lethe._retained_counts(ctx, state, 1) is None and lethe.retained_fit(ctx, state) is None
-
-
-def test_a_restore_that_does_not_fit_the_retained_data_is_run_again_at_half_the_lr():
-    """The restore at the run's lr keeps a model within the loss bound that predicts 0.36 of the
-    retained training labels (the original 1.0): restore runs again at half the lr, whose model fits."""
-
-    class FitScripted(ScriptedLethe):
-        def retained_fit(self, ctx, state):
-            return {"original": 1.0, "restored": self.fits.pop(0)}
-
-    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 2,
-                        "guard-restore-extra-rounds": 0})
-    fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
-    fed.start_phase("unlearn")
-    ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
-    lethe = FitScripted([(1.0, 0.2), (1.0, 0.3), (1.0, 0.3), (1.0, 0.2), (1.0, 0.1), (1.0, 0.05)])
-    lethe.fits = [0.36, 0.99]  # the restored model's share at the run's lr, then at half
-    guard = {"action": "none", "start_retain_loss": 0.02}
-    state = {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}
-    lethe.restore_within_bound(ctx, state, None, guard, [], 0.02)
-    assert [h["lr_scale"] for h in guard["restore_halvings"]] == [1.0, 0.5]
-    assert [h["kept"] for h in guard["restore_halvings"]] == [False, True]
-    assert [h["retained_fit"] for h in guard["restore_halvings"]] == [0.36, 0.99]
-    assert guard["retained_fit"] == {"original": 1.0, "restored": 0.99}
-    off = FitScripted([(1.0, 0.2), (1.0, 0.3), (1.0, 0.3)])
-    off.fits = [0.36]
-    ctx = UnlearnContext(fed, cfg.with_values({"guard-fit-drop": 1.0}), None,
-                         model_factory=lambda plugins: Linear(), retrain=None)
-    guard = {"action": "none", "start_retain_loss": 0.02}
-    off.restore_within_bound(ctx, state, None, guard, [], 0.02)
-    assert "restore_halvings" not in guard and "retained_fit" not in guard and off.fits == [0.36]  # not asked
 
 
 def test_a_first_pass_that_forgot_is_kept_and_checked_once():
@@ -773,9 +679,8 @@ def test_no_retry_where_the_request_was_carried_out_unjudged_or_the_retry_bound_
 
 def test_the_client_scenario_widens_its_forget_stream_and_the_recipe_gives_it_its_own_bounds():
     """Client scenario, vision task: the forget stream is all the leaving client's data (the paper's
-    client-level stream) and the recipe's [scenario.client] bounds apply; narrowed by the stream
-    fallback, in another scenario, or on the LLM task (whose client forget set is already all its
-    records), the stream is the forget set."""
+    client-level stream) and the recipe's [scenario.client] bounds apply; in another scenario, or on
+    the LLM task (whose client forget set is already all its records), the stream is the forget set."""
     from strategies.lethe.strategy import forget_data
 
     def bounds(**run):
@@ -787,58 +692,16 @@ def test_the_client_scenario_widens_its_forget_stream_and_the_recipe_gives_it_it
     assert bounds(scenario="client", **{"guard-retain-rise": 1.5}) == ({"forget-all-data": True}, 1.5, 2.0, 4.0)
     assert bounds(scenario="sample") == ({}, 0.5, 0.5, 2.0)
     assert bounds(scenario="client", task="llm-tofu") == ({}, 0.5, 0.5, 2.0)
-    narrowed = parse_config({"method": "lethe", "scenario": "client"}).with_values({FORGET_SET_STREAM: True})
-    assert forget_data(narrowed) == {} and forget_data(parse_config({"method": "lethe", "scenario": "client"}))
+    assert forget_data(parse_config({"method": "lethe", "scenario": "client"}))
 
 
 def test_the_client_scenarios_retry_loosens_the_bound_it_runs_under(caplog):
-    """The whole-data stream's retry raises the walk-back bound in effect (2.0 -> 3.0); carried out,
-    so no fallback."""
+    """The whole-data stream's retry raises the walk-back bound in effect (2.0 -> 3.0)."""
     with caplog.at_level("WARNING", logger="fedunlearn"):
         weight, details, lethe = verified([counts(90), counts(80), counts(0)], scenario="client",
                                           **{**RETRY, "guard-retry-walk-back": 3.0})
     assert lethe.rises == [2.0, 2.0, 3.0] and details["retry"]["kept"] is True
-    assert "stream_fallback" not in details and lethe.streams == ["all-data"] * 3  # carried out: no fallback
     assert "guard-walk-back 3 (guard-retry-walk-back)" in caplog.text
-
-
-def test_the_fallback_runs_only_after_the_whole_data_retry_also_left_the_request_undone():
-    """The whole-data attempt (0.90, 0.80) and its retry at 4 nats (0.75, 0.85) still know the forget
-    set: then the forget-set fallback, which forgets and is kept; the whole-data run it replaced is the
-    retry's pass 1 (0.75 against the first attempt's 0.80)."""
-    weight, details, lethe = verified([counts(90), counts(80), counts(75), counts(85), counts(0)],
-                                      scenario="client", **{**RETRY, "guard-retry-walk-back": 4.0})
-    assert lethe.streams == ["all-data"] * 4 + ["forget-set"] and lethe.rises == [2.0, 2.0, 4.0, 4.0, 2.0]
-    assert weight == 5.0 and details["kept_still_knows"] is False and "retry" not in details
-    assert details["stream_fallback"]["kept"] is True and details["carried_out"] is True
-    assert details["stream_fallback"]["other"]["kept_pass"] == 1  # the whole-data retry's 0.75
-
-
-def test_a_request_the_whole_data_stream_left_undone_runs_again_with_the_forget_set_as_the_stream(caplog):
-    """Client scenario, no retry: both passes with all the client's data still know the forget set
-    (0.90, 0.80): the whole run again from the original with the forget set as the stream, its rounds
-    its own; it forgets and is kept. Without guard-stream-fallback, the first attempt is reported as
-    not carried out."""
-    with caplog.at_level("WARNING", logger="fedunlearn"):
-        weight, details, lethe = verified([counts(90), counts(80), counts(0)], scenario="client", **RETRY)
-    assert weight == 3.0 and lethe.starts == [0.0, 1.0, 0.0] and lethe.later == [False, True, False]
-    assert lethe.streams == ["all-data", "all-data", "forget-set"]
-    assert lethe.offsets[2] > lethe.offsets[1] > lethe.offsets[0] == 0
-    assert "retry" not in details and details["kept_still_knows"] is False and details["stream_fallback"] == {
-        "stream": "forget-set", "kept": True, "other": {"kept_pass": 2, "kept_still_knows": True,
-                                                        "utility": details["utility"]}}
-    assert "again from the original with its forget set as the stream" in caplog.text
-    weight, details, lethe = verified([counts(90), counts(80)], scenario="client",
-                                      **{**RETRY, "guard-stream-fallback": False})
-    assert weight == 2.0 and lethe.streams == ["all-data"] * 2 and details["carried_out"] is False
-
-
-def test_where_the_forget_set_stream_knows_more_the_whole_data_model_is_kept():
-    """The fallback (0.95, 0.97) knows more of the forget set than the whole-data attempt's 0.80."""
-    weight, details, lethe = verified([counts(k) for k in (90, 80, 95, 97)], scenario="client", **RETRY)
-    assert lethe.streams == ["all-data"] * 2 + ["forget-set"] * 2
-    assert weight == 2.0 and details["kept_pass"] == 2 and details["stream_fallback"]["kept"] is False
-    assert details["stream_fallback"]["other"]["kept_pass"] == 1  # the fallback's own pick: its pass 1 (0.95)
 
 
 def test_verify_off_or_unmeasurable_leaves_one_pass():

@@ -74,16 +74,8 @@ GUARD_SETTINGS: tuple[Setting, ...] = (
             "where an attempt leaves the request not carried out, one more attempt from the original with "
             "guard-walk-back at this value, kept where it carries the request out or knows less of the forget "
             "set; at most guard-walk-back = no retry", at_least(0)),
-    setting("guard-fit-drop", float, 1.0,
-            "with guard-rectified-restore (tasks with classes): a restored model that predicts the label of a share "
-            "of the retained clients' training data more than this below the original's share is treated as one "
-            "past guard-retain-rise; 1 = off", in_range(0, 1)),
     setting("guard-verify-passes", int, 0,
             "after restore the forget clients check the model; while it predicts more than 2 % of the forget set as "
             "its label, at most this many more passes of amplify, rectify and restore from it (a pass that breaks "
             "guard-retain-rise is not kept); 0 = off", at_least(0)),
-    setting("guard-stream-fallback", bool, False,
-            "client scenario: where the forget stream of all the leaving client's data leaves the request not "
-            "carried out, the run again from the original with the request's forget set as the stream, kept where "
-            "it carries the request out or knows less of the forget set"),
 )

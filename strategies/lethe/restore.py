@@ -198,25 +198,20 @@ class RestorePhase:
                              checkpoints: list[State], start_loss: float | None) -> State:
         """Restore (:meth:`_restore_with_retries`) such that the model it keeps is rated by the retained
         clients at most ``guard-retain-rise`` above ``start_loss`` (their loss of the original,
-        :func:`pass_utility`) and, with ``guard-fit-drop``, predicts the label of a share of their training
-        data at most that far below the original's (:meth:`Lethe.retained_fit`). Where it is not, restore
+        :func:`pass_utility`). Where it is not, restore
         runs again from the same backbone and checkpoints with the clients' lr halved, at most
         ``RESTORE_HALVINGS`` times: restore is FedAvg on non-IID clients and can diverge where a smaller
         step does not. The first restore within the bounds is kept, else the one whose kept model the
         retained clients rate best (then :meth:`Lethe.attempt` reports the pass as not carried out).
         ``guard`` ends as the kept attempt's; where more than one ran, ``guard["restore_halvings"]`` lists
-        each: ``lr_scale``, ``retain_loss`` (of its kept model), ``retained_fit`` (where measured), ``kept``."""
-        rise, fit_drop = ctx.cfg["guard-retain-rise"], ctx.cfg["guard-fit-drop"]
+        each: ``lr_scale``, ``retain_loss`` (of its kept model), ``kept``."""
+        rise = ctx.cfg["guard-retain-rise"]
         attempts: list[_Attempt] = []
         for halving in range(RESTORE_HALVINGS + 1):
             scale = 0.5 ** halving
             attempt_guard = dict(guard)  # every attempt starts from rectification's facts
             model = self._restore_with_retries(ctx, base, fallback, attempt_guard, list(checkpoints), lr_scale=scale)
-            fit = self.retained_fit(ctx, model) if fit_drop < 1 else None
-            if fit is not None:
-                attempt_guard["retained_fit"] = fit
-            attempts.append(_Attempt(scale, pass_utility(attempt_guard, start_loss, rise, fit_drop), attempt_guard,
-                                     model))
+            attempts.append(_Attempt(scale, pass_utility(attempt_guard, start_loss, rise), attempt_guard, model))
             if not attempts[-1].utility["broken"]:
                 break
             if halving < RESTORE_HALVINGS:
@@ -228,8 +223,6 @@ class RestorePhase:
         guard.update(chosen.guard)
         if len(attempts) > 1:
             guard["restore_halvings"] = [{"lr_scale": a.lr_scale, "retain_loss": a.utility["retain_loss"],
-                                          **({"retained_fit": a.utility["retained_fit"]}
-                                             if "retained_fit" in a.utility else {}),
                                           "kept": a is chosen} for a in attempts]
         return chosen.model
 
@@ -255,25 +248,15 @@ class RestorePhase:
         return result
 
 
-def pass_utility(guard: dict, start_loss: float | None, max_rise: float, max_fit_drop: float = 1.0) -> dict:
+def pass_utility(guard: dict, start_loss: float | None, max_rise: float) -> dict:
     """Did a pass break utility? Its restored model's retained loss (the retained clients' loss of
     the model restore kept, ``guard["restore_losses"]``) against ``start_loss`` (their loss on the
-    original) + ``max_rise``; not judged (``broken`` false) where restore reports no such loss. Where
-    ``guard["retained_fit"]`` holds the share of the retained training data whose label the kept model
-    and the original predict, also broken where the kept model's is more than ``max_fit_drop`` below
-    the original's (``retained_fit`` and ``fit_bound`` in the verdict)."""
+    original) + ``max_rise``; not judged (``broken`` false) where restore reports no such loss."""
     losses, kept = guard.get("restore_losses"), guard.get("restore_kept")
     if not losses or kept is None or start_loss is None:
-        verdict = {"retain_loss": None, "bound": None, "broken": False}
-    else:
-        loss, bound = float(losses[kept]), start_loss + max_rise
-        verdict = {"retain_loss": loss, "bound": bound, "broken": not (math.isfinite(loss) and loss <= bound)}
-    fit = guard.get("retained_fit")
-    if fit is not None:
-        fit_bound = fit["original"] - max_fit_drop
-        verdict.update({"retained_fit": fit["restored"], "fit_bound": fit_bound,
-                        "broken": verdict["broken"] or fit["restored"] < fit_bound})
-    return verdict
+        return {"retain_loss": None, "bound": None, "broken": False}
+    loss, bound = float(losses[kept]), start_loss + max_rise
+    return {"retain_loss": loss, "bound": bound, "broken": not (math.isfinite(loss) and loss <= bound)}
 
 
 def broken_because(utility: dict, start_loss: float | None) -> str:
@@ -282,9 +265,6 @@ def broken_because(utility: dict, start_loss: float | None) -> str:
     if utility["retain_loss"] is not None and not utility["retain_loss"] <= utility["bound"]:
         parts.append(f"retained loss {utility['retain_loss']:.3g} against {start_loss:.3g} on the original, bound "
                      f"{utility['bound']:.3g}")
-    if "retained_fit" in utility and utility["retained_fit"] < utility["fit_bound"]:
-        parts.append(f"labels of {utility['retained_fit']:.3f} of the retained training data predicted, bound "
-                     f"{utility['fit_bound']:.3f}")
     return "; ".join(parts)
 
 

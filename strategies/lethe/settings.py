@@ -48,14 +48,8 @@ def adapter_lr(cfg) -> float:
     return cfg["lethe-adapter-lr"] or cfg["lr"]
 
 
-#: an internal key (never in the run config): the client scenario's forget stream is the request's
-#: forget set rather than all the leaving client's data (``guard-stream-fallback``'s second run)
-FORGET_SET_STREAM = "_lethe-forget-set-stream"
-
-
 def widens_client_stream(cfg) -> bool:
     """Is Lethe's forget stream all the leaving client's training data rather than the request's forget
-    set? The client scenario on a vision or text task (the paper builds the client-level forget stream
-    from all the unlearning client's data; an LLM client's forget set is already all its records),
-    unless ``guard-stream-fallback``'s second run narrowed it."""
-    return cfg["scenario"] == "client" and cfg.task.kind != "llm" and not cfg.as_dict().get(FORGET_SET_STREAM)
+    set? The client scenario on a vision or text task: the paper builds the client-level forget stream
+    from all the unlearning client's data; an LLM client's forget set is already all its records."""
+    return cfg["scenario"] == "client" and cfg.task.kind != "llm"

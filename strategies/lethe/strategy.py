@@ -37,12 +37,12 @@ from flwr.serverapp.strategy import FedAvg
 from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
 from strategies.common.fedavg_rounds import RoleFedAvg, run_rounds
 from strategies.common.federation import RoundFailed
-from strategies.common.fit import evaluate_plain, fit_share, retained_counts
+from strategies.common.fit import evaluate_plain
 from strategies.common.guards import VERIFY_FORGET_ACC
 from strategies.lethe.adapter import ADAPTER_KIND
 from strategies.lethe.rectify import RectifyPhase
 from strategies.lethe.restore import RestorePhase, broken_because, pass_utility
-from strategies.lethe.settings import FORGET_SET_STREAM, adapter_lr, widens_client_stream
+from strategies.lethe.settings import adapter_lr, widens_client_stream
 from strategies.lethe.views import State, mean_forget_loss, role_view, train_content, without_adapter
 
 log = logging.getLogger("fedunlearn")
@@ -59,7 +59,6 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
                          arrayrecord_key="arrays", configrecord_key="config")
         self.round_offset = 0  # added to every round number of a pass: a later pass gets its own seeds
         self.attempt_offset = 0  # the round offset of the attempt's first pass (a retry's is not 0)
-        self.start_fit: dict[int, tuple[int, int]] | None = None  # the original's retained counts (retained_fit)
 
     @property
     def later_pass(self) -> bool:
@@ -142,22 +141,6 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
             return None
         return {k: sum(int(m[k]) for m in metrics) for k in keys}
 
-    def _retained_counts(self, ctx: UnlearnContext, state: State, round_no: int) -> dict[int, tuple[int, int]] | None:
-        """:func:`strategies.common.fit.retained_counts` of ``state``'s backbone (adapter removed)."""
-        return retained_counts(ctx.fed, ArrayRecord(without_adapter(state)), round_no + self.round_offset)
-
-    def retained_fit(self, ctx: UnlearnContext, state: State) -> dict | None:
-        """``{"original", "restored"}``: the share of the retained clients' training data whose label the
-        run's original (:attr:`start_fit`, read once when :meth:`unlearn` began) and ``state`` predict, over the
-        clients that reported on both; ``None`` where not measured (no original counts, a task without
-        them, no common client). ``guard-fit-drop`` holds a pass to it."""
-        if not self.start_fit:
-            return None
-        now = self._retained_counts(ctx, state, round_no=pass_rounds(ctx.cfg) - 1)
-        common = sorted(set(now or {}) & set(self.start_fit))
-        original = fit_share(self.start_fit, common)
-        return None if original is None else {"original": original, "restored": fit_share(now, common)}
-
     def _forget_accuracy(self, ctx: UnlearnContext, state: State, round_no: int) -> float:
         """The forget clients' share of their forget data that ``state``'s backbone predicts as its label
         (0 where the task reports no counts: nothing is judged known)."""
@@ -165,24 +148,9 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         return 0.0 if counts is None else counts["forget-correct"] / max(1, counts["forget-n"])
 
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
-        """Lethe from ``ctx.original``: :meth:`attempt_with_retry`, and with ``guard-stream-fallback``,
-        where the client scenario's stream of all the leaving client's data left the request not carried
-        out (:func:`carried_out` false), once more from the original with the request's forget set as the
-        stream, kept where it carries the request out or knows less of the forget set
-        (``method.stream_fallback``). ``method.carried_out`` says whether a guard's check found the
-        request carried out (absent where nothing checked it)."""
-        cfg = ctx.cfg
-        self.start_fit = None  # every attempt runs from this original: its retained counts are read once
-        if cfg["guard-fit-drop"] < 1 and cfg["guard-rectified-restore"] and cfg.num_classes:
-            self.start_fit = self._retained_counts(ctx, ctx.original.arrays.to_torch_state_dict(), round_no=0)
+        """Lethe from ``ctx.original``: :meth:`attempt_with_retry`. ``method.carried_out`` says whether a
+        guard's check found the request carried out (absent where nothing checked it)."""
         result = self.attempt_with_retry(ctx, offset=0)
-        if cfg["guard-stream-fallback"] and carried_out(result.details) is False and widens_client_stream(cfg):
-            log.warning("[lethe] the request was not carried out with all the leaving client's data as the forget "
-                        "stream: again from the original with its forget set as the stream")
-            narrower = _with_setting(ctx, FORGET_SET_STREAM, True)
-            fallback = self.attempt_with_retry(narrower, offset=self.round_offset + pass_rounds(cfg))
-            result = _keep_better(result, fallback, "stream_fallback", {"stream": "forget-set"},
-                                  "the forget set as the stream")
         done = carried_out(result.details)
         if done is not None:
             result.details["carried_out"] = done
@@ -217,7 +185,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
 
         The kept model is the last pass's when its check passes, else the pass whose model predicts the
         least of the forget set as its label (ties: the earlier). A later pass whose restored model breaks
-        ``guard-retain-rise`` or ``guard-fit-drop`` (:func:`strategies.lethe.restore.pass_utility`) is never
+        ``guard-retain-rise`` (:func:`strategies.lethe.restore.pass_utility`) is never
         kept and ends the passes. Where pass 1 breaks them, its model is reported with
         ``method.kept_pass`` 1, ``method.utility`` saying why, and the request as not carried out: a model
         that lost its utility is a failed request the operator must see. ``method.forget_checks`` holds
@@ -227,8 +195,8 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         self.round_offset = self.attempt_offset = offset
         arrays, details = self.one_pass(ctx)
         start_loss = details["rectify_guard"].get("start_retain_loss")  # the retained clients' loss of the original
-        retain_rise, fit_drop = cfg["guard-retain-rise"], cfg["guard-fit-drop"]
-        details["utility"] = pass_utility(details["rectify_guard"], start_loss, retain_rise, fit_drop)
+        retain_rise = cfg["guard-retain-rise"]
+        details["utility"] = pass_utility(details["rectify_guard"], start_loss, retain_rise)
         if details["utility"]["broken"]:
             log.warning("[lethe] pass 1's restored model broke utility (%s): the request is not carried out",
                         broken_because(details["utility"], start_loss))
@@ -250,7 +218,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
             self.round_offset += pass_rounds(cfg)
             arrays, more = self.one_pass(dataclasses.replace(ctx, original=ModelState(arrays)), start_loss=start_loss)
             details.setdefault("passes", []).append(more)
-            more["utility"] = pass_utility(more["rectify_guard"], start_loss, retain_rise, fit_drop)
+            more["utility"] = pass_utility(more["rectify_guard"], start_loss, retain_rise)
             if more["utility"]["broken"]:
                 log.warning("[lethe] verify: pass %d's restored model broke utility (%s): not kept, no further pass",
                             len(models) + 1, broken_because(more["utility"], start_loss))

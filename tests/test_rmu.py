@@ -9,12 +9,12 @@ import pathlib
 
 import pytest
 import torch
+from tiny_llm import make_batch, tiny_lora
 
 from strategies.objectives.losses import RMULoss
 from strategies.rmu.settings import plan, steered_layer, steering_coeff
 from strategies.rmu.train import rmu_update
 from tasks.config import ConfigError, parse_config
-from tiny_llm import make_batch, tiny_lora
 
 RUN = {"rmu-layer": -1, "rmu-update-layers": 3, "rmu-steering-coeff": 0.0, "rmu-alpha": 1200.0, "seed": 5}
 

@@ -163,3 +163,12 @@ def test_layer_errors_are_one_line_and_name_the_setting():
     with pytest.raises(ConfigError, match="'method'='fused' needs a task of kind vision") as err:
         parse_config({"method": "fused", "task": "llm-tofu"})
     assert "\n" not in str(err.value)
+
+
+def test_text_table_adapts_the_last_trained_encoder_layer_and_the_head():
+    for layers, last in ((1, 0), (2, 1)):
+        cfg = parse_config({"task": "text-minilm", "method": "fused", "text-train-layers": layers})
+        targets = target_layers(cfg.task.arch, "auto", cfg.task.model_outline(cfg))
+        assert targets == [f"features.layers.{last}.intermediate.dense", f"features.layers.{last}.output.dense", "head"]
+    with pytest.raises(ConfigError, match="trains none \\(text-train-layers=0\\)"):
+        parse_config({"task": "text-minilm", "method": "fused", "text-train-layers": 0})

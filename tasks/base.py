@@ -72,6 +72,11 @@ class Task:
         ``seed`` seeds its fresh weights (None: the run's ``seed``)."""
         raise NotImplementedError
 
+    def model_outline(self, cfg: Config, plugins: list[dict] | None = None):
+        """The run's model for reading its structure (module names, shapes) in a config check, built
+        without moving the global seed; its weights are not meant to be used."""
+        raise NotImplementedError
+
     def pool_metrics(self, cfg: Config, per_client: list[dict]) -> dict:
         """The results-contract entry of one model from every client's evaluation reply."""
         raise NotImplementedError

@@ -29,7 +29,7 @@ def _spec(targets, seed=1):
 def test_only_the_table_layers_get_lora_the_base_keeps_its_names_and_a_fresh_adapter_is_the_identity(name):
     task = task_for(name)
     base = task.build_model(seed=0).eval()
-    targets = target_layers(task.arch, "auto")
+    targets = target_layers(task.arch, "auto", base)
     model = task.build_model([_spec(targets)], seed=0)
     adapted = sorted(n for n, m in model.named_modules() if isinstance(m, AdaptedLayer))
     assert adapted == sorted(targets)
@@ -155,7 +155,7 @@ def test_layer_errors_are_one_line_and_name_the_setting():
         assert "fused-layers" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="run-config 'fused-layers': the model has no layer 'conv1'"):
         parse_config({"method": "fused", "fused-layers": "conv1,head"})
-    assert target_layers("lenet5", " features.4 , head") == ["features.4", "head"]
+    assert target_layers("lenet5", " features.4 , head", model) == ["features.4", "head"]
     with pytest.raises(ConfigError, match="fused-dropout"):
         parse_config({"method": "fused", "fused-dropout": 1.5})
     with pytest.raises(ConfigError, match="fused-cli-layers'=6 is not allowed: must be in 0..5"):
@@ -163,3 +163,12 @@ def test_layer_errors_are_one_line_and_name_the_setting():
     with pytest.raises(ConfigError, match="'method'='fused' needs a task of kind vision") as err:
         parse_config({"method": "fused", "task": "llm-tofu"})
     assert "\n" not in str(err.value)
+
+
+def test_text_table_adapts_the_last_trained_encoder_layer_and_the_head():
+    for layers, last in ((1, 0), (2, 1)):
+        cfg = parse_config({"task": "text-minilm", "method": "fused", "text-train-layers": layers})
+        targets = target_layers(cfg.task.arch, "auto", cfg.task.model_outline(cfg))
+        assert targets == [f"features.layers.{last}.intermediate.dense", f"features.layers.{last}.output.dense", "head"]
+    with pytest.raises(ConfigError, match="trains none \\(text-train-layers=0\\)"):
+        parse_config({"task": "text-minilm", "method": "fused", "text-train-layers": 0})

@@ -19,7 +19,7 @@ from tasks.registry import task_for
 def test_every_package_registers_methods_whose_strategy_matches_the_declaration():
     names = [spec.name for spec in all_methods()]
     assert {"none", "retrain", "fedup", "lethe", "firm", "avg", "sum", "ties", "fulm", "ga", "npo", "simnpo",
-            "pga", "federaser", "exact-fun", "fused", "not", "fedosd", "fedau"} == set(names)
+            "pga", "federaser", "exact-fun", "fused", "not", "fedosd", "fedau", "rmu"} == set(names)
     for spec in all_methods():
         method = method_for(spec.name)
         assert isinstance(method, UnlearningMethod) and method.name == spec.name

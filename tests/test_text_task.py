@@ -97,8 +97,8 @@ def test_bad_text_settings_are_one_line_errors_before_training(tmp_path):
         cfg = parse_config({"task": "text-minilm", **bad})
         with pytest.raises(ValueError, match=key):
             cfg.task.check_setup(cfg, 3)
-    with pytest.raises(ConfigError, match="'method'='pga' needs a task of kind vision") as error:
-        parse_config({"task": "text-minilm", "method": "pga", "scenario": "client"})  # a method without text
+    with pytest.raises(ConfigError, match="'method'='rmu' needs a task of kind llm") as error:
+        parse_config({"task": "text-minilm", "method": "rmu", "scenario": "client"})  # a method without text
     assert "\n" not in str(error.value)
 
 

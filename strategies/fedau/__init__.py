@@ -20,7 +20,7 @@ METHODS = (
         paper="Unlearning during Learning: An Efficient Federated Machine Unlearning Method (Gu et al., IJCAI 2024; "
               "`docs/fedau.md`)",
         settings=SETTINGS,
-        task_kinds=("vision",),
+        task_kinds=("vision", "text"),
         scenarios=("client", "class", "sample"),
         queries={"fedau": "strategies.fedau.client:head_query"},
         objectives={"fedau-aux": "strategies.fedau.client:aux_training"},

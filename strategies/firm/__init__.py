@@ -7,6 +7,7 @@ per-tensor retention projection (``maths.py``, ``aggregate.py``), driven by ``st
 
 from strategies.firm.settings import SETTINGS
 from strategies.registry import MethodSpec
+from strategies.rmu.settings import KEYS as RMU_KEYS
 
 METHODS = (
     MethodSpec(
@@ -17,6 +18,7 @@ METHODS = (
         "strategies.firm.strategy:FIRMMethod",
         paper="FIRM: Fisher-Informed Retention Merging for Federated LLM Unlearning (`docs/firm.md`)",
         settings=SETTINGS,
+        reads=RMU_KEYS,  # firm-forget-objective='rmu' runs the rmu method's update (forget term)
         task_kinds=("llm",), scenarios=("client", "sample"),
         queries={"fisher": "strategies.firm.client:fisher_query"},
         smoke={"firm-fisher-batches": 2},

@@ -8,8 +8,9 @@ what the client uploads once:
     fisher        {same names: empirical diagonal Fisher at the reference weights, on the same data}
     num_examples  number of sequences the client trained on
 
-Objectives: forget clients ``ascent`` (gradient ascent, FIRM's TOFU/MUSE clients) or ``rmu`` (RMU forget
-term only, FIRM's WMDP clients); retain clients ``ce`` (the preservation objective).
+Objectives: forget clients ``ascent`` (gradient ascent, FIRM's TOFU/MUSE clients) or ``rmu`` (the ``rmu``
+method's update with its forget term only, FIRM's WMDP clients: ``strategies.rmu.train``); retain
+clients ``ce`` (the preservation objective).
 
 Choices (the paper is silent or our setting differs):
 
@@ -20,8 +21,8 @@ Choices (the paper is silent or our setting differs):
   pretrained adapter with peft's ``merge_and_unload`` and attach a fresh one). A non-zero reference
   adapter is refused in weight space. ``space="lora"`` takes the Fisher with the adapter on instead.
 * Fisher data: the client's own batches, ``fisher_batches`` single sequences in data order (App. C: 20).
-* RMU's layer defaults to the middle decoder layer (``len(layers) // 2``; the WMDP 7B runs use layer 7
-  of 32), its other settings to ``strategies.objectives.losses.RMULoss``'s.
+* RMU's steered layer, updated layers and c are the ``rmu`` method's (``rmu-*``, scaled to the model
+  by ``strategies.rmu.settings``): the down-projections of layers 5-7 on the paper's 7B models.
 
 ``adapter_release`` is what a client of the federation sends in reply to ``query.fisher``: there the
 original model is the base weights plus the trained federated adapter, so the release is taken in the
@@ -37,8 +38,9 @@ from collections.abc import Sequence
 import torch
 
 from strategies.firm.fisher import SPACES, adapted_weight_names, diagonal_fisher, lora_state, task_vector
+from strategies.objectives.losses import make_objective
+from strategies.rmu.settings import RMUPlan
 from tasks.llm.model import adapter_keys
-from strategies.objectives.losses import decoder_layers, make_objective
 from tasks.llm.train import finetune
 
 OBJECTIVES_BY_ROLE = {"forget": ("ascent", "rmu"), "retain": ("ce",)}
@@ -71,9 +73,7 @@ def firm_release(
     fisher_batches: int = 20,
     space: str = "weight",
     fisher_model=None,
-    rmu_layer: int | None = None,
-    rmu_steering_coeff: float = 6.5,
-    rmu_alpha: float = 1200.0,
+    rmu: RMUPlan | None = None,
 ) -> dict:
     """Train the adapter of ``model`` in place and return ``{task_vector, fisher, num_examples}``.
 
@@ -81,6 +81,7 @@ def firm_release(
     now). ``batches`` are the client's QA batches (``tasks.llm.train.qa_batches``). ``fisher_model`` is
     the model the Fisher is taken on (``None``: ``model``); for a 4-bit ``model`` pass its full-precision
     copy carrying the same adapter (``strategies.firm.fisher.fisher_reference_model``), as the paper does.
+    ``rmu``: the RMU plan of objective ``rmu`` (``None``: the ``rmu-*`` defaults on this model and ``seed``).
     The upload's tensors are float32 on the CPU and share names and shapes (``space``).
     """
     _check(role, objective, space, epochs, fisher_batches)
@@ -96,11 +97,12 @@ def firm_release(
     fisher_model = model if fisher_model is None else fisher_model
     names = adapted_weight_names(model) if space == "weight" and fisher_model is not model else None
     fisher = diagonal_fisher(fisher_model, batches, num_batches=fisher_batches, space=space, names=names)
-    params = {}
     if objective == "rmu":
-        layer = len(decoder_layers(model)) // 2 if rmu_layer is None else rmu_layer
-        params = {"layer": layer, "steering_coeff": rmu_steering_coeff, "alpha": rmu_alpha, "seed": seed}
-    finetune(model, batches, epochs, lr, seed, loss_fn=make_objective(objective, **params))
+        from strategies.rmu.train import default_plan, rmu_update
+
+        rmu_update(model, batches, [], rmu or default_plan(model, seed), epochs=epochs, lr=lr, seed=seed)
+    else:
+        finetune(model, batches, epochs, lr, seed, loss_fn=make_objective(objective))
     update = task_vector(model, reference_state, space=space)
     return {
         "task_vector": update,
@@ -132,10 +134,13 @@ def fisher_query(task, cfg, data, model, conf: dict, seed: int) -> dict:
     from tasks.training import device_for
 
     _, tokenizer = task.llm(cfg)
-    role = str(conf["role"])
+    from strategies.rmu.train import model_plan
+
+    role, objective = str(conf["role"]), str(conf["objective"])
     batches = qa_batches(data.split(role), tokenizer, cfg["llm-batch-size"], seed)
     twin = fisher_reference_model(model, load_full_precision=lambda: full_precision_twin(cfg, model, device_for()))
-    upload = adapter_release(model, batches, role=role, objective=str(conf["objective"]),
+    rmu = model_plan(cfg, model) if objective == "rmu" else None
+    upload = adapter_release(model, batches, role=role, objective=objective, rmu=rmu,
                              epochs=int(conf["llm-epochs"]), lr=float(conf["llm-lr"]), seed=seed,
                              fisher_batches=int(conf["fisher-batches"]), fisher_model=twin)
     return {"task-vector": upload["task_vector"], "fisher": upload["fisher"],

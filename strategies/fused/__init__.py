@@ -2,8 +2,8 @@
 
 peft LoRA adapters on a few critical layers (``adapter.py``, the per-model table in ``maths.py``)
 are trained by FedAvg on the retained data, base frozen (``client.py``, ``strategy.py``); in class
-unlearning the forgotten class is relabelled at random. Remove the adapter to restore. Vision
-tasks, all three scenarios. Settings: ``settings.py``.
+unlearning the forgotten class is relabelled at random. Remove the adapter to restore. Vision and
+text tasks, all three scenarios. Settings: ``settings.py``.
 """
 
 from strategies.fused.settings import SETTINGS, check_settings
@@ -18,7 +18,7 @@ METHODS = (
         paper="Unlearning through Knowledge Overwriting: Reversible Federated Unlearning via Selective Sparse Adapter "
               "(Zhong et al.; `docs/fused.md`)",
         settings=SETTINGS,
-        task_kinds=("vision",),
+        task_kinds=("vision", "text"),
         reversible=True,
         objectives={"fused-overwrite": "strategies.fused.client:overwrite"},
         plugins={"fused-lora": "strategies.fused.adapter:build_plugin"},

@@ -6,7 +6,9 @@
   LeNet ``conv1`` + ``fc3``; ResNet-18 ``layer4.0.conv2``, ``layer4.1.conv1``, ``layer4.1.conv2``,
   ``fc``. This project's names for those layers are the table below. ResNet-34 (the paper runs
   ResNet-18 on CIFAR-100) takes the same places counted from the end of ``layer4``; the ViT (the
-  paper: "the last several layers of the Transformer") its last two encoder layers' MLP and the head.
+  paper: "the last several layers of the Transformer") its last two encoder layers' MLP and the head;
+  the text models (MiniLM, BERT) by the same rule the feed-forward of the last trained encoder layer
+  (``{last}``, resolved on the model: ``text-train-layers`` sets how many there are) and the head.
 - :func:`layer_sensitivity` / :func:`critical_layers`: that identification, for ``fused-layers='cli'``.
 - :func:`relabel_forgotten`: class unlearning overwrites the forgotten class — its samples are
   trained with a label drawn uniformly from the other classes (the public code's relabelling).
@@ -26,18 +28,32 @@ DEFAULT_LAYERS: dict[str, tuple[str, ...]] = {
     "resnet34": ("features.7.1.conv2", "features.7.2.conv1", "features.7.2.conv2", "head"),
     "vit": ("features.encoder.layers.4.linear1", "features.encoder.layers.4.linear2",
             "features.encoder.layers.5.linear1", "features.encoder.layers.5.linear2", "head"),
+    "minilm": ("features.layers.{last}.intermediate.dense", "features.layers.{last}.output.dense", "head"),
+    "bert": ("features.layers.{last}.intermediate.dense", "features.layers.{last}.output.dense", "head"),
 }
 
 
-def target_layers(arch: str, setting: str) -> list[str]:
-    """The layers of ``arch`` that get adapters: ``auto`` = :data:`DEFAULT_LAYERS`, else the
-    comma-separated module names of ``fused-layers`` (checked against the model when it is built);
-    ``cli`` is chosen by a round of identification instead (``strategies.fused.strategy``)."""
+def _last_resolved(name: str, model: torch.nn.Module) -> str:
+    """``name`` with ``{last}`` replaced by the index of the last block of the list it follows."""
+    if "{last}" not in name:
+        return name
+    container = name.partition(".{last}")[0]
+    blocks = len(dict(model.named_modules()).get(container, ()))
+    if blocks == 0:
+        raise ValueError(f"run-config 'fused-layers'='auto' adapts the last block of {container!r}, and the model "
+                         "trains none (text-train-layers=0): name its layers (comma-separated module names)")
+    return name.replace("{last}", str(blocks - 1))
+
+
+def target_layers(arch: str, setting: str, model: torch.nn.Module) -> list[str]:
+    """The layers of ``arch`` that get adapters: ``auto`` = :data:`DEFAULT_LAYERS` (``{last}`` resolved on
+    ``model``), else the comma-separated module names of ``fused-layers`` (checked against the model when it
+    is built); ``cli`` is chosen by a round of identification instead (``strategies.fused.strategy``)."""
     if setting.strip() == "auto":
         if arch not in DEFAULT_LAYERS:
             raise ValueError(f"run-config 'fused-layers'='auto' has no table for model {arch!r}: "
                              f"name its layers (comma-separated module names)")
-        return list(DEFAULT_LAYERS[arch])
+        return [_last_resolved(name, model) for name in DEFAULT_LAYERS[arch]]
     return [name.strip() for name in setting.split(",") if name.strip()]
 
 

@@ -25,23 +25,19 @@ SETTINGS: tuple[Setting, ...] = (
 def check_settings(cfg) -> None:
     """The adapted layers must exist in the run's model and be Linear / Conv2d (one-line error).
 
-    The model is built on the meta device (shapes, no weights): every ClientApp process parses the
-    run config, and a ResNet-34 with real weights takes seconds to build on a small CPU."""
-    import torch
-
+    The model is the task's outline (``Task.model_outline``): every ClientApp process parses the run config."""
     from strategies.fused.adapter import ADAPTABLE, check_targets
     from strategies.fused.maths import target_layers
     from tasks.config import ConfigError
 
     try:
-        with torch.device("meta"):
-            model = cfg.task.build_model()
+        model = cfg.task.model_outline(cfg)
         if cfg["fused-layers"].strip() == "cli":
             adaptable = sum(isinstance(m, ADAPTABLE) for m in model.modules())
             if cfg["fused-cli-layers"] > adaptable:
                 raise ValueError(f"run-config 'fused-cli-layers'={cfg['fused-cli-layers']} is not allowed: must be "
                                  f"in 0..{adaptable} (the model's Linear / Conv2d layers)")
             return
-        check_targets(model, target_layers(cfg.task.arch, cfg["fused-layers"]))
+        check_targets(model, target_layers(cfg.task.arch, cfg["fused-layers"], model))
     except ValueError as err:
         raise ConfigError(f"{err} (task '{cfg['task']}')") from None

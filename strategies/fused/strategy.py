@@ -81,7 +81,7 @@ class FUSED(UnlearningMethod):
         if cfg["fused-layers"].strip() == "cli":
             targets, sensitivity = self.identify(ctx, role)
         else:
-            targets = target_layers(cfg.task.arch, cfg["fused-layers"])
+            targets = target_layers(cfg.task.arch, cfg["fused-layers"], ctx.model_factory([]))
         spec = {"kind": ADAPTER_KIND, "targets": targets, "r": cfg["fused-rank"], "alpha": cfg["fused-alpha"],
                 "dropout": cfg["fused-dropout"], "seed": cfg["seed"]}
         if ctx.original.plugins:

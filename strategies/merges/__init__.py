@@ -6,9 +6,10 @@ They share FIRM's one ``query.fisher`` round (``strategies.firm``) and differ on
 
 from strategies.merges.settings import AVG, FULM, SUM, TIES
 from strategies.registry import MethodSpec
+from strategies.rmu.settings import KEYS as RMU_KEYS
 
 _PAPER = "FIRM paper, sec. 5 baselines (`docs/firm.md`)"
-_RELEASE = ("firm-forget-objective", "firm-fisher-batches")  # FIRM's client release, shared
+_RELEASE = ("firm-forget-objective", "firm-fisher-batches", *RMU_KEYS)  # FIRM's client release, shared
 _COMMON = dict(paper=_PAPER, reads=_RELEASE, task_kinds=("llm",), scenarios=("client", "sample"), smoke={"firm-fisher-batches": 2})
 
 METHODS = (

@@ -12,15 +12,11 @@ from strategies.registry import MethodSpec
 
 def check(cfg) -> None:
     """``not-layers`` must name layers of this task's model (one-line error before any work)."""
-    import torch
-
     from strategies.negation.maths import parameter_keys
     from tasks.config import ConfigError
 
-    with torch.random.fork_rng(), torch.device("meta"):  # structure only: no weights drawn, no seed moved
-        model = cfg.task.build_model([], seed=0)
     try:
-        parameter_keys(model, cfg["not-layers"])
+        parameter_keys(cfg.task.model_outline(cfg), cfg["not-layers"])
     except ValueError as error:
         raise ConfigError(f"{error} (task '{cfg['task']}')") from None
 
@@ -33,7 +29,7 @@ METHODS = (
         "strategies.negation.strategy:NoT",
         paper="NoT: Federated Unlearning via Weight Negation (Khalil et al.; `docs/not.md`)",
         settings=SETTINGS,
-        task_kinds=("vision",),
+        task_kinds=("vision", "text"),
         scenarios=("client", "class", "sample"),
         smoke={"not-rounds": 1},
         check=check,

@@ -18,7 +18,7 @@ METHODS = (
         "strategies.pga.strategy:PGA",
         paper="Federated Unlearning: How to Efficiently Erase a Client in FL? (Halimi et al.; `docs/pga.md`)",
         settings=SETTINGS,
-        task_kinds=("vision",),
+        task_kinds=("vision", "text"),
         needs=("last-local-model",),
         queries={"pga": "strategies.pga.client:pga_query"},
         smoke={"pga-epochs": 1, "pga-post-rounds": 1, "pga-random-models": 2},

@@ -63,7 +63,7 @@ def pga_query(task, cfg, data, model, conf: dict, seed: int) -> dict:
     own_params = _own_model(task, cfg, data, model, conf.get("kept-local-model"), seed, device)
     own_kept = conf.get("kept-local-model") is not None
     reference = reference_model(global_params, own_params, float(conf["weight"]))
-    fresh = [_params(task.build_model([], seed=seed + k)) for k in range(cfg["pga-random-models"])]
+    fresh = [_params(task.server_model(cfg, [], seed=seed + k)) for k in range(cfg["pga-random-models"])]
     radius_sq = cfg["pga-radius-fraction"] * sum(squared_distance(reference, f) for f in fresh) / len(fresh)
 
     _load_params(model, reference)

@@ -112,6 +112,14 @@ class TextTask(VisionTask):
 
         return {**{k: cfg[k] for k in TEXT_KEYS}, "encoder-path": encoder_path(self.encoder_name(cfg))}
 
+    def model_outline(self, cfg: Config, plugins: list[dict] | None = None):
+        """Built with weights: the pretrained encoder cannot load on the meta device, and the trained
+        top layers and the head are cheap to copy."""
+        import torch
+
+        with torch.random.fork_rng():
+            return self.build_text_model(cfg, plugins or [], seed=0)
+
     def server_model(self, cfg: Config, plugins: list[dict], seed: int | None = None):
         return self.build_text_model(cfg, plugins, seed)
 

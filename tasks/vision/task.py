@@ -88,6 +88,11 @@ class VisionTask(Task):
         except PartitionError as err:
             raise ConfigError(f"run-config {err}") from None
 
+    def model_outline(self, cfg: Config, plugins: list[dict] | None = None) -> SplitModel:
+        """On the meta device: shapes without weights (a ResNet-34 with weights takes seconds on a small CPU)."""
+        with torch.random.fork_rng(), torch.device("meta"):
+            return self.build_model(plugins or [], seed=0)
+
     def server_model(self, cfg: Config, plugins: list[dict], seed: int | None = None) -> SplitModel:
         return self.build_model(plugins, seed=cfg["seed"] if seed is None else seed)
 

@@ -19,6 +19,7 @@ from server_app import cache, history
 from server_app.atomic import folder_problem
 from server_app.evaluation import ReceivedModelMeasure, evaluate_models
 from server_app.model_files import load_state_file, match_state, sha256_of, write_models
+from server_app.receipt import request_record, write_receipt
 from server_app.report import append_csv, package_versions, plot_kr_curve, run_folder, write_results
 from strategies.common.base import ModelState, UnlearnContext
 from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds, scheduled_lr
@@ -345,8 +346,8 @@ class Experiment:
 
     def report(self, models: dict, resurfacing: dict, details: dict, rollback: list[float],
                feats: dict, checks: dict, kept: dict[str, ModelState]) -> str:
-        """Write the run's folder: results.json, the CSV row, the plots, and every model the run made
-        (``kept``: original, unlearned, continued) as safetensors under ``models/``."""
+        """Write the run's folder: results.json, receipt.json, the CSV row, the plots, and every model the
+        run made (``kept``: original, unlearned, continued) as safetensors under ``models/``."""
         cfg = self.cfg.as_dict()
         folder = run_folder(cfg["outputs-dir"], cfg)
         os.makedirs(folder, exist_ok=True)
@@ -365,6 +366,7 @@ class Experiment:
                     "forget_clients": [self.fed.client_id(n) for n in self.fed.nodes_with("n-forget")],
                     "config": cfg, "presets": self.cfg.presets, "recipe": self.cfg.recipe,
                     "recipe_settings": self.cfg.recipe_settings, "versions": package_versions()},
+            "request": request_record(self.fed, self.cfg),
             "models": models,
             "resurfacing": resurfacing,
             "validity": checks,
@@ -379,6 +381,7 @@ class Experiment:
             "seconds_total": round(time.perf_counter() - self.started, 3),
         }
         path = write_results(folder, results)
+        write_receipt(folder, results)
         append_csv(cfg["outputs-dir"], results, folder)
         plot_kr_curve(folder, resurfacing, f"{cfg['method']} / {cfg['scenario']} / {cfg['task']}")
         self.say(f"results: {path}")

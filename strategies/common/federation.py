@@ -67,6 +67,8 @@ class NodeInfo:
     #: training samples per class it keeps (``retain``) and the request removes (``removed``, by their
     #: true labels); empty on a task without classes
     class_counts: dict[str, list[int]] = field(default_factory=dict)
+    #: the hash of its forget set's sample ids, made on the node (``ids-sha256``), and what the ids are (``ids``)
+    forget_set: dict[str, str] = field(default_factory=dict)
 
 
 def message_bytes(message: Message) -> int:
@@ -112,7 +114,9 @@ class Federation:
                             {k: int(v) for k, v in metrics.items() if k.startswith("n-")},
                             int(metrics.get("data-id", 0)),
                             {k[len("class-n-"):]: [int(c) for c in v] for k, v in metrics.items()
-                             if k.startswith("class-n-")})
+                             if k.startswith("class-n-")},
+                            {k: str(v) for k, v in reply.content["forget-set"].items()}
+                            if "forget-set" in reply.content else {})
             self.nodes[info.node_id] = info
 
     @property

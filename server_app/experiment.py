@@ -32,6 +32,9 @@ from tasks.validity import validity
 
 log = logging.getLogger("fedunlearn")
 
+#: the phase that makes each model (results.json ``saw_fewer_clients``: a model whose phase lost a node)
+MODEL_PHASES = {"original": "pretrain", "retrain": "retrain", "unlearned": "unlearn", "continued": "continue"}
+
 
 class Experiment:
     """Holds the federation, config and clock of one run; each phase is a method."""
@@ -194,9 +197,8 @@ class Experiment:
             if recorder is not None:
                 self.pretraining.update({"update-history": recorder.rounds, "history_bytes": None})
             if len(cost.failures) > failed_before:
-                clients = sorted({f["client_id"] for f in cost.failures[failed_before:]})
                 log.warning("%s model is degraded (trained while client(s) %s failed): not cached", kind,
-                            ", ".join(map(str, clients)))
+                            self.fed.describe(cost.failures[failed_before:]))
             elif self.data_id:
                 if previous is not None and not _same_model(ModelState(previous), ModelState(arrays)):
                     log.warning("%s model trained again for its history differs from the cached one; the cache "
@@ -371,6 +373,8 @@ class Experiment:
             "resurfacing": resurfacing,
             "validity": checks,
             "failures": [failure for cost in self.fed.costs.values() for failure in cost.failures],
+            "saw_fewer_clients": {model: self.fed.missed(phase) for model, phase in MODEL_PHASES.items()
+                                  if self.fed.missed(phase)},
             "cost": {**{name: self.fed.cost(name).as_dict()
                         for name in ("pretrain", "retrain", "unlearn", "continue", "evaluate")},
                      **{name: cost.as_dict() for name, cost in self.fed.costs.items() if name == "verify"},

@@ -77,7 +77,8 @@ class Task:
         raise NotImplementedError
 
     def finish_entries(self, entries: list[dict], retrain_entry: dict) -> None:
-        """Metrics that compare each model with the retrain oracle, added in place (default: none)."""
+        """Metrics that compare each model with the retrain oracle, added in place (default: none);
+        ``retrain_entry`` is ``{}`` where no oracle ran (``retrain-oracle=false``): those figures are then NaN."""
 
     # --- client side -----------------------------------------------------------------------
     def client_view(self, cfg: Config, node: dict) -> tuple[dict | None, Callable[[], Any]]:

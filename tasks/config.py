@@ -167,6 +167,9 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
        open_unit(False)),
     setting("pretrain-rounds", int, 20, "FedAvg rounds that train the original model", positive()),
     setting("retrain-rounds", int, 0, "FedAvg rounds of the retrain oracle; 0 = pretrain-rounds", at_least(0)),
+    setting("retrain-oracle", bool, True,
+       "train the retrain oracle (FedAvg from scratch on the retained data) as the reference; false = skip it (an "
+       "operator rarely can afford it): results.json validity.missing lists the figures that compare with it"),
     setting("continue-rounds", int, 10, "FedAvg rounds on retained data after unlearning (resurfacing)",
        at_least(0)),
     setting("continue-plugins", str, "frozen",

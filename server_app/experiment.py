@@ -136,11 +136,13 @@ class Experiment:
         if self.method.own_original(self.cfg):
             raise ConfigError(f"run-config 'original-model': method '{self.cfg['method']}' trains its own original "
                               "(its pretraining differs from FedAvg), so it cannot start from a given model")
+        expected = self.cfg.task.server_model(self.cfg, []).state_dict()
         try:
-            state = match_state(load_state_file(path), self.cfg.task.server_model(self.cfg, []).state_dict())
+            state, digest = self.cfg.task.read_original(self.cfg, path) or (load_state_file(path), sha256_of(path))
+            state = expected if state is None else match_state(state, expected)
         except ValueError as err:
             raise ConfigError(f"run-config 'original-model'={self.cfg['original-model']!r} {err}") from None
-        record = {"path": path, "sha256": sha256_of(path)}
+        record = {"path": path, "sha256": digest}
         self.say(f"original: the given model {path} (sha256 {record['sha256'][:16]}…); nothing is pretrained")
         return ModelState(ArrayRecord(state)), record
 

@@ -11,7 +11,7 @@ Cold start: the Deployment Engine starts a fresh ClientApp process for every mes
 module imports only what every handler needs; a task's and a method's code is imported by the
 handler that uses it (the LLM stack by an LLM run only, a method's client code by its query).
 
-Messages: ``query.hello`` -> client id and counts; ``train`` (config: role, objective — ``ce`` or
+Messages: ``query.hello`` -> client id and counts, and the hash of its forget set's sample ids; ``train`` (config: role, objective — ``ce`` or
 one a method registered —, scope, plugins, epochs, lr, max-steps, report-loss-before,
 loss-before-bypass, keep-model-as, evaluate-received) -> arrays + num-examples/loss (+ ``loss-before`` for each role named in
 ``report-loss-before``, comma-separated: the received model's loss on that role's data, plug-ins of the
@@ -34,7 +34,14 @@ import hashlib
 from logging import INFO
 
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 
@@ -69,9 +76,20 @@ def hello(msg: Message, context: Context) -> Message:
     log(INFO, "fedunlearn client %d: request scenario '%s': %d of %d training samples to forget, %d kept; "
         "only model updates, counts and model outputs leave this node", data.client_id, cfg["scenario"],
         counts["n-forget"], counts["n-all"], counts["n-retain"])
-    identity = {"data-id": _content_id(data)} if "data-path" in context.node_config else {}
+    own_files = "data-path" in context.node_config
+    identity = {"data-id": _content_id(data)} if own_files else {}
     return Message(RecordDict({"hello": MetricRecord({"client-id": data.client_id, **counts, **identity,
-                                                      **_class_counts(cfg, data)})}), reply_to=msg)
+                                                      **_class_counts(cfg, data)}),
+                               "forget-set": _forget_set(data, own_files)}), reply_to=msg)
+
+
+def _forget_set(data, own_files: bool) -> ConfigRecord:
+    """The hash of this node's forget set, made here of its samples' ids (``tasks.forget_ids``), and
+    what those ids are: the receipt's record of exactly which samples the request removed."""
+    from tasks.forget_ids import OWN_POSITION, POOL_INDEX, ids_sha256
+
+    ids = data.removed_ids.tolist() if hasattr(data.removed_ids, "tolist") else list(data.removed_ids)
+    return ConfigRecord({"ids-sha256": ids_sha256(ids), "ids": OWN_POSITION if own_files else POOL_INDEX})
 
 
 def _class_counts(cfg, data) -> dict[str, list[int]]:

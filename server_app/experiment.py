@@ -19,6 +19,7 @@ from server_app import cache, history
 from server_app.atomic import folder_problem
 from server_app.evaluation import ReceivedModelMeasure, evaluate_models
 from server_app.model_files import load_state_file, match_state, sha256_of, write_models
+from server_app.receipt import request_record, write_receipt
 from server_app.report import append_csv, package_versions, plot_kr_curve, run_folder, write_results
 from strategies.common.base import ModelState, UnlearnContext
 from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds, scheduled_lr
@@ -30,6 +31,9 @@ from tasks.plugins import specs_to_json
 from tasks.validity import validity
 
 log = logging.getLogger("fedunlearn")
+
+#: the phase that makes each model (results.json ``saw_fewer_clients``: a model whose phase lost a node)
+MODEL_PHASES = {"original": "pretrain", "retrain": "retrain", "unlearned": "unlearn", "continued": "continue"}
 
 
 class Experiment:
@@ -132,11 +136,13 @@ class Experiment:
         if self.method.own_original(self.cfg):
             raise ConfigError(f"run-config 'original-model': method '{self.cfg['method']}' trains its own original "
                               "(its pretraining differs from FedAvg), so it cannot start from a given model")
+        expected = self.cfg.task.server_model(self.cfg, []).state_dict()
         try:
-            state = match_state(load_state_file(path), self.cfg.task.server_model(self.cfg, []).state_dict())
+            state, digest = self.cfg.task.read_original(self.cfg, path) or (load_state_file(path), sha256_of(path))
+            state = expected if state is None else match_state(state, expected)
         except ValueError as err:
             raise ConfigError(f"run-config 'original-model'={self.cfg['original-model']!r} {err}") from None
-        record = {"path": path, "sha256": sha256_of(path)}
+        record = {"path": path, "sha256": digest}
         self.say(f"original: the given model {path} (sha256 {record['sha256'][:16]}…); nothing is pretrained")
         return ModelState(ArrayRecord(state)), record
 
@@ -193,9 +199,8 @@ class Experiment:
             if recorder is not None:
                 self.pretraining.update({"update-history": recorder.rounds, "history_bytes": None})
             if len(cost.failures) > failed_before:
-                clients = sorted({f["client_id"] for f in cost.failures[failed_before:]})
                 log.warning("%s model is degraded (trained while client(s) %s failed): not cached", kind,
-                            ", ".join(map(str, clients)))
+                            self.fed.describe(cost.failures[failed_before:]))
             elif self.data_id:
                 if previous is not None and not _same_model(ModelState(previous), ModelState(arrays)):
                     log.warning("%s model trained again for its history differs from the cached one; the cache "
@@ -295,10 +300,14 @@ class Experiment:
                 self.built_cost[result.built][k] for k in ("seconds", "rounds", "bytes_up", "bytes_down"))
         self.say(f"unlearn done in {cost.seconds:.1f}s, {cost.bytes_up + cost.bytes_down} bytes")
 
-        retrain = self.retrain()
-        require_finite(retrain.arrays, phase="retrain", round_no=self.cfg.rounds_of_retrain, method="retrain")
+        oracle = self.cfg["retrain-oracle"] or result.built == "retrain"
+        if oracle:
+            retrain = self.retrain()
+            require_finite(retrain.arrays, phase="retrain", round_no=self.cfg.rounds_of_retrain, method="retrain")
+        else:
+            self.say("retrain oracle: off (retrain-oracle=false); the figures that compare with it are not given")
         final = {"original": original, "unlearned": result.model}
-        if result.built != "retrain":  # else the unlearned model is the retrain model: evaluated once
+        if oracle and result.built != "retrain":  # else the unlearned model is the retrain model: evaluated once
             final["retrain"] = retrain
         if self.method.reversible:
             self.say("restore: unplugging")
@@ -310,10 +319,11 @@ class Experiment:
         if continued is not None:
             final["continued"] = continued
         self.say(f"evaluate: {', '.join(final)} models, in one round")
-        feats = {name: {} if self.cfg["diagnostic-samples"] else None for name in ("original", "retrain", "unlearned")}
+        feats = {name: {} if self.cfg["diagnostic-samples"] and (oracle or name != "retrain") else None
+                 for name in ("original", "retrain", "unlearned")}
         evaluated = evaluate_models(self.fed, self.cfg, final, feats)
         retrain_entry = evaluated.get("retrain")
-        if retrain_entry is None:
+        if retrain_entry is None and oracle:
             retrain_entry = copy.deepcopy(evaluated["unlearned"])
             if feats["retrain"] is not None:
                 feats["retrain"].update(feats["unlearned"])
@@ -328,10 +338,10 @@ class Experiment:
         if "restored" in evaluated:
             models["restored"] = evaluated["restored"]
             models["restored"]["equals_original"] = _same_model(final["restored"], original)
-        kr_retrain = retrain_entry["forget_acc"]
+        kr_retrain = retrain_entry["forget_acc"] if oracle else None
         rollback = rollback_tendency(original.arrays.to_torch_state_dict(),
                                      result.model.arrays.to_torch_state_dict(), states) if states else []
-        self.cfg.task.finish_entries(list(models.values()), retrain_entry)
+        self.cfg.task.finish_entries(list(models.values()), retrain_entry if oracle else {})
 
         resurfacing = resurfacing_summary(kr_original=models["original"]["forget_acc"],
                                           kr_unlearned=models["unlearned"]["forget_acc"],
@@ -345,8 +355,8 @@ class Experiment:
 
     def report(self, models: dict, resurfacing: dict, details: dict, rollback: list[float],
                feats: dict, checks: dict, kept: dict[str, ModelState]) -> str:
-        """Write the run's folder: results.json, the CSV row, the plots, and every model the run made
-        (``kept``: original, unlearned, continued) as safetensors under ``models/``."""
+        """Write the run's folder: results.json, receipt.json, the CSV row, the plots, and every model the
+        run made (``kept``: original, unlearned, continued) as safetensors under ``models/``."""
         cfg = self.cfg.as_dict()
         folder = run_folder(cfg["outputs-dir"], cfg)
         os.makedirs(folder, exist_ok=True)
@@ -365,10 +375,13 @@ class Experiment:
                     "forget_clients": [self.fed.client_id(n) for n in self.fed.nodes_with("n-forget")],
                     "config": cfg, "presets": self.cfg.presets, "recipe": self.cfg.recipe,
                     "recipe_settings": self.cfg.recipe_settings, "versions": package_versions()},
+            "request": request_record(self.fed, self.cfg),
             "models": models,
             "resurfacing": resurfacing,
             "validity": checks,
             "failures": [failure for cost in self.fed.costs.values() for failure in cost.failures],
+            "saw_fewer_clients": {model: self.fed.missed(phase) for model, phase in MODEL_PHASES.items()
+                                  if self.fed.missed(phase)},
             "cost": {**{name: self.fed.cost(name).as_dict()
                         for name in ("pretrain", "retrain", "unlearn", "continue", "evaluate")},
                      **{name: cost.as_dict() for name, cost in self.fed.costs.items() if name == "verify"},
@@ -379,6 +392,7 @@ class Experiment:
             "seconds_total": round(time.perf_counter() - self.started, 3),
         }
         path = write_results(folder, results)
+        write_receipt(folder, results)
         append_csv(cfg["outputs-dir"], results, folder)
         plot_kr_curve(folder, resurfacing, f"{cfg['method']} / {cfg['scenario']} / {cfg['task']}")
         self.say(f"results: {path}")

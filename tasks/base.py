@@ -22,6 +22,7 @@ return ``{record name: {key: tensor}}`` for arrays plus ``"metrics": {key: numbe
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from tasks.config import SCENARIOS, Config, ConfigError
@@ -67,6 +68,17 @@ class Task:
         """Task settings that determine the cached original/retrain models, beyond the shared ones."""
         return {}
 
+    def check_original_model(self, cfg: Config, path: str) -> None:
+        """What ``original-model`` must be for this task, checked before any work (one-line ``ConfigError``):
+        by default a file (safetensors or a weights-only state dict, read by the server)."""
+        if not os.path.isfile(path):
+            raise ConfigError(f"run-config 'original-model'={cfg['original-model']!r}: no such file")
+
+    def read_original(self, cfg: Config, path: str) -> tuple[dict | None, str] | None:
+        """A task whose ``original-model`` is not a plain state-dict file reads it here: its tensors (None:
+        the task's fresh model is the original) and its sha256; None (default): the server reads the file."""
+        return None
+
     def server_model(self, cfg: Config, plugins: list[dict], seed: int | None = None):
         """A fresh model of the run as the server handles it (``state_dict`` / ``named_parameters``);
         ``seed`` seeds its fresh weights (None: the run's ``seed``)."""
@@ -82,7 +94,8 @@ class Task:
         raise NotImplementedError
 
     def finish_entries(self, entries: list[dict], retrain_entry: dict) -> None:
-        """Metrics that compare each model with the retrain oracle, added in place (default: none)."""
+        """Metrics that compare each model with the retrain oracle, added in place (default: none);
+        ``retrain_entry`` is ``{}`` where no oracle ran (``retrain-oracle=false``): those figures are then NaN."""
 
     # --- client side -----------------------------------------------------------------------
     def client_view(self, cfg: Config, node: dict) -> tuple[dict | None, Callable[[], Any]]:

@@ -49,7 +49,7 @@ def kr_curve_rr(kr_original: float, kr_retrain: float, kr_curve: Sequence[float]
 
 
 def resurfacing_summary(
-    kr_original: float, kr_unlearned: float, kr_retrain: float, kr_curve: Sequence[float],
+    kr_original: float, kr_unlearned: float, kr_retrain: float | None, kr_curve: Sequence[float],
     diverged_at_round: int | None = None,
 ) -> dict[str, float | list[float] | int | None]:
     """The ``resurfacing`` block of results.json. ``ct_kr`` is CT-KR ("target knowledge retention
@@ -59,16 +59,17 @@ def resurfacing_summary(
     ``diverged_at_round``: the continued round that produced a non-finite model (``kr_curve`` then
     holds the rounds before it); the block then carries ``diverged_at_round`` and CT-KR and RR are
     ``nan``: a dead model's forget accuracy of 0 is no evidence of forgetting, and the curve's
-    maximum misses the rounds never run."""
+    maximum misses the rounds never run. ``kr_retrain`` None: no retrain oracle ran; ``kr_retrain`` is
+    then None and RR, which is relative to it, ``nan``."""
     curve = [float(k) for k in kr_curve]
     diverged = diverged_at_round is not None
     summary = {
         "kr_original": float(kr_original),
         "kr_unlearned": float(kr_unlearned),
-        "kr_retrain": float(kr_retrain),
+        "kr_retrain": None if kr_retrain is None else float(kr_retrain),
         "kr_curve": curve,
         "ct_kr": curve[-1] if curve and not diverged else math.nan,
-        "rr": math.nan if diverged else kr_curve_rr(kr_original, kr_retrain, curve),
+        "rr": math.nan if diverged or kr_retrain is None else kr_curve_rr(kr_original, kr_retrain, curve),
     }
     if diverged:
         summary["diverged_at_round"] = int(diverged_at_round)

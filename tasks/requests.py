@@ -71,6 +71,9 @@ class ClientData:
     #: the true labels of the training samples the request takes from this client (before any poisoning):
     #: all of a leaving client's, the chosen ones of the sample scenario, the forget class's
     removed_y: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    #: stable ids of those samples among the node's records (the shared pool's index, or the position in
+    #: the node's own training files): what the forget set's hash in the receipt is made of, never the data
+    removed_ids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
 
     def split(self, role: str, *, all_data: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Training data of a role: ``all`` (retain + forget, plus ``pretrain_only``: the backdoor
@@ -163,19 +166,19 @@ def build_client_data(cfg: Config, images, partition_id: int, num_partitions: in
     forget_client, federation_size = forget_client_and_federation_size(cfg, labels, num_partitions)
     return apply_request(cfg, partition_id, forget_client,
                          (images.x[train_idx], images.y[train_idx]), (images.x[test_idx], images.y[test_idx]),
-                         images.num_classes, federation_size=federation_size)
+                         images.num_classes, federation_size=federation_size, ids=torch.as_tensor(train_idx))
 
 
 def apply_request(cfg: Config, partition_id: int, forget_client: int, train: tuple[torch.Tensor, torch.Tensor],
                   test: tuple[torch.Tensor, torch.Tensor], num_classes: int,
                   trigger: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                  federation_size: int | None = None) -> ClientData:
+                  federation_size: int | None = None, ids: torch.Tensor | None = None) -> ClientData:
     """Apply the run's request to one client's own (training, local test) data: client
     ``partition_id``, with ``forget_client`` the client the client/sample scenario selects.
     ``trigger(x)`` plants the backdoor in samples ``x``; default: the vision trigger square of
     ``trigger-size`` (a text task appends its trigger phrase). ``federation_size``: the
     federation's training samples, which cap a backdoor client's triggered samples (None: unknown,
-    no cap)."""
+    no cap). ``ids``: a stable id of each training sample (default: its position in ``train``)."""
     if trigger is None:
         from tasks.vision.triggers import apply_trigger
 
@@ -228,4 +231,5 @@ def apply_request(cfg: Config, partition_id: int, forget_client: int, train: tup
         triggered_test_x=trig_x, triggered_test_y=trig_y,
         pretrain_only_x=pretrain_only[0], pretrain_only_y=pretrain_only[1].to(torch.int64),
         removed_y=y[forget_mask].to(torch.int64),
+        removed_ids=(torch.arange(len(y)) if ids is None else torch.as_tensor(ids))[forget_mask].to(torch.int64),
     )

@@ -35,6 +35,11 @@ takes its place and the chance bound is skipped):
 
 The first four say whether the *cell* (the original of a request and its reference) is valid; the
 last two judge the method's outcome. ``original_valid`` is the conjunction of the first four.
+
+Without the retrain oracle (``retrain-oracle=false``) the checks against it are not made (``None``,
+neither passed nor failed), ``original_valid`` covers the checks that were, and ``missing`` lists
+every figure of results.json the run therefore cannot give, each with the reason
+(:data:`WITHOUT_ORACLE`).
 """
 
 from __future__ import annotations
@@ -50,6 +55,17 @@ RETRAIN_MAX_FIT_DROP = 0.10
 KR_MARGIN = 0.2
 UTILITY_TOLERANCE = 0.05
 ORIGINAL_CHECKS = ("original_finite", "original_usable", "retrain_usable", "original_learned")
+ORACLE_CHECKS = ("retrain_usable", "original_learned")
+NO_ORACLE = "retrain-oracle=false: the retrain reference was not trained"
+#: the figures a run without the retrain oracle cannot give, and what each needed of it
+WITHOUT_ORACLE = (
+    ("resurfacing.kr_retrain", "the retrain model's forget accuracy (KR)"),
+    ("resurfacing.rr", "RR (Lethe eq. 5) is relative to the retrain model's KR"),
+    ("validity.checks.retrain_usable", "checks the retrain model"),
+    ("validity.checks.original_learned", "compares the original's KR with the retrain model's"),
+    ("models.*.forget_quality, models.*.privleak", "a task's figures against the retrain model (LLM task)"),
+    ("diagnostics.forgetting_dispersion", "needs the retrain model's features"),
+)
 
 
 def nonfinite_tensors(state: Mapping[str, torch.Tensor]) -> list[str]:
@@ -70,13 +86,17 @@ def _finite(*values: float) -> bool:
     return all(v is not None and math.isfinite(v) for v in values)
 
 
-def validity(*, original: Mapping, unlearned: Mapping | None, retrain: Mapping, num_classes: int,
+def validity(*, original: Mapping, unlearned: Mapping | None, retrain: Mapping | None, num_classes: int,
              original_finite: bool = True, diverged_at_round: int | None = None) -> dict:
-    """The ``validity`` block: ``checks`` (name -> bool), ``failed`` (names), ``reasons`` (one line
-    per failed check), ``original_valid`` and the ``bounds`` used.
+    """The ``validity`` block: ``checks`` (name -> bool, None where not made), ``failed`` (names),
+    ``reasons`` (one line per failed check), ``original_valid``, the ``bounds`` used and ``missing``
+    (``{figure, reason}`` of each figure the run cannot give).
 
     ``num_classes`` is 0 for the LLM task (no chance bound). ``unlearned`` is ``None`` when no
-    unlearned model exists (its check is then skipped, i.e. passes)."""
+    unlearned model exists (its check is then skipped, i.e. passes); ``retrain`` is ``None`` when no
+    retrain oracle ran (module docstring)."""
+    oracle = retrain is not None
+    retrain = retrain if oracle else {}
     orig_u, re_u = utility_of(original), utility_of(retrain)
     kr_o, kr_r = float(original.get("forget_acc", math.nan)), float(retrain.get("forget_acc", math.nan))
     floor = max(2.0 / num_classes, ORIGINAL_MIN_ACC) if num_classes else -math.inf
@@ -111,12 +131,17 @@ def validity(*, original: Mapping, unlearned: Mapping | None, retrain: Mapping, 
     if diverged_at_round is not None:
         reasons["continued_finite"] = f"continued training diverged (non-finite model) at round {diverged_at_round}"
     names = ORIGINAL_CHECKS + ("unlearned_utility", "continued_finite")
+    unmade = () if oracle else ORACLE_CHECKS
+    for name in unmade:
+        reasons.pop(name, None)
     return {
-        "checks": {name: name not in reasons for name in names},
+        "checks": {name: None if name in unmade else name not in reasons for name in names},
         "failed": [name for name in names if name in reasons],
         "reasons": [reasons[name] for name in names if name in reasons],
         "original_valid": not any(name in reasons for name in ORIGINAL_CHECKS),
         "bounds": {"original_min_acc": floor if num_classes else None, "original_max_drop": ORIGINAL_MAX_DROP,
                    "retrain_max_fit_drop": RETRAIN_MAX_FIT_DROP if num_classes else None,
                    "kr_margin": KR_MARGIN, "utility_tolerance": UTILITY_TOLERANCE},
+        "missing": [] if oracle else [{"figure": figure, "reason": f"{NO_ORACLE}; {why}"}
+                                      for figure, why in WITHOUT_ORACLE],
     }

@@ -351,3 +351,16 @@ def test_init_seed_draws_other_models_from_the_same_data_and_request(tmp_path):
     assert cache.model_key("original", cfg, [], "d") != cache.model_key("original", parse_config(TINY), [], "d")
     assert cache.model_key("original", parse_config({**TINY, "init-seed": 42}), [], "d") == \
         cache.model_key("original", parse_config(TINY), [], "d")
+
+
+def test_without_the_retrain_oracle_the_run_gives_the_rest_and_lists_what_it_cannot(tmp_path):
+    """``retrain-oracle=false``: no retrain round is played, KR against retrain and RR are null and
+    listed in ``validity.missing`` with the reason; the other figures are there."""
+    results, _, _ = run(tmp_path, method="fedup", scenario="class", **{"retrain-oracle": False})
+    assert results["cost"]["retrain"]["rounds"] == 0 and results["cost"]["retrain"]["bytes_down"] == 0
+    assert results["resurfacing"]["kr_retrain"] is None and results["resurfacing"]["rr"] is None
+    assert results["resurfacing"]["ct_kr"] is not None and fractions_ok(results["models"]["unlearned"])
+    missing = {m["figure"] for m in results["validity"]["missing"]}
+    assert {"resurfacing.kr_retrain", "resurfacing.rr"} <= missing
+    assert results["validity"]["checks"]["original_learned"] is None
+    assert not list((tmp_path / "cache").glob("retrain-*"))

@@ -62,3 +62,74 @@ def test_a_silent_node_is_reported_once_the_round_timeout_ends():
     assert sorted(r.metadata.src_node_id for r in replies) == [1, 2]
     assert [f["node_id"] for f in fed.cost("setup").failures] == [3]
     assert "round-timeout=0.5s" in fed.cost("setup").failures[0]["reason"]
+
+
+class _LostNodeGrid(_PushPullGrid):
+    """From pull ``lost_from`` on, node ``lost`` is gone: the SuperLink answers in its place with a
+    NODE_UNAVAILABLE error from its own node id (what Flower does once the node's heartbeat stops)."""
+
+    def __init__(self, lost: int, lost_from: int):
+        super().__init__(delay_pulls=0)
+        self.lost, self.lost_from = lost, lost_from
+
+    def pull_messages(self, message_ids):
+        from flwr.app.error import Error
+        from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+
+        self.pulls += 1
+        out = []
+        for mid in sorted(message_ids):
+            message = self.pushed[mid]
+            node = message.metadata.dst_node_id
+            if node == self.lost and self.pulls >= self.lost_from:
+                reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Error: Node Unavailable"), reply_to=message)
+                reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+            else:
+                reply = Message(RecordDict({"hello": MetricRecord({"client-id": node})}), reply_to=message)
+            out.append(reply)
+        return out
+
+
+def _known(fed, grid):
+    from strategies.common.federation import NodeInfo
+
+    fed.nodes = {n: NodeInfo(n, n - 1) for n in grid.get_node_ids()}  # what hello would have told
+
+
+def test_a_node_lost_mid_phase_is_named_once_with_what_noticed_it_and_the_phase_goes_on():
+    """Node 3 dies after round 1: the SuperLink's error reply (from node id 1) is attributed to node 3,
+    listed once for the phase with every round it missed, and the rounds go on with two of three."""
+    grid = _LostNodeGrid(lost=3, lost_from=2)
+    fed = Federation(grid, round_timeout=5.0, min_reply_fraction=0.5)
+    _known(fed, grid)
+    fed.start_phase("pretrain")
+    for round_no in (1, 2, 3, 4):
+        replies = fed.exchange(_messages(grid), round_no=round_no)
+        assert len(replies) == (3 if round_no == 1 else 2)
+    [failure] = fed.cost("pretrain").failures
+    assert (failure["node_id"], failure["client_id"], failure["round"]) == (3, 2, 2)
+    assert failure["noticed_by"] == "heartbeat" and failure["rounds"] == [2, 3, 4]
+    assert failure["not_asked"] == [3, 4]  # dropped at once: the SuperLink said it is gone
+    assert fed.missed("pretrain") == [{"client_id": 2, "node_id": 3, "rounds": [2, 3, 4]}]
+    assert fed.describe(fed.cost("pretrain").failures) == "2"
+    fed.start_phase("continue")  # another phase names it again, once
+    fed.exchange(_messages(grid), round_no=1)
+    assert [(f["phase"], f["node_id"]) for f in fed.cost("continue").failures] == [("continue", 3)]
+
+
+def test_a_round_below_min_reply_fraction_still_fails_naming_the_lost_node():
+    import pytest
+
+    from strategies.common.federation import RoundFailed
+
+    grid = _LostNodeGrid(lost=3, lost_from=1)
+    fed = Federation(grid, round_timeout=5.0, min_reply_fraction=1.0)
+    _known(fed, grid)
+    with pytest.raises(RoundFailed, match=r"only 2 of 3 nodes replied, 3 needed \(node 3 failed \(client 2\)"):
+        fed.exchange(_messages(grid), round_no=1)
+
+
+def test_failures_of_a_node_unknown_to_hello_are_described_without_crashing():
+    fed = Federation(_PushPullGrid(0), round_timeout=1.0, min_reply_fraction=0.5)
+    failures = [{"client_id": None, "node_id": 77}, {"client_id": 2, "node_id": 5}, {"client_id": 0, "node_id": 4}]
+    assert fed.describe(failures) == "0, 2, node 77"

@@ -108,7 +108,7 @@ def test_a_given_model_that_does_not_fit_the_task_is_one_line_before_any_node_wo
 @pytest.mark.parametrize("overrides, fragment", [
     ({"method": "pga"}, "method 'pga' needs what its own pretraining kept"),
     ({"original-model": "/nonexistent/model.safetensors"}, "no such file"),
-    ({"task": "llm-tofu", "method": "lethe"}, "not supported on task 'llm-tofu'"),
+    ({"task": "llm-tofu", "method": "lethe"}, "is not a folder: the LLM task takes a PEFT adapter folder"),
 ])
 def test_what_a_given_model_cannot_serve_is_refused_in_one_line(tmp_path, overrides, fragment):
     from tasks.config import ConfigError, parse_config

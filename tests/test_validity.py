@@ -34,6 +34,19 @@ def test_a_healthy_run_passes_every_check():
     assert all(block["checks"].values())
 
 
+def test_without_the_retrain_oracle_its_checks_are_not_made_and_the_missing_figures_are_listed():
+    """No oracle: the checks against it are None (neither passed nor failed), the others still judge,
+    and ``missing`` names KR against retrain and RR with the reason."""
+    block = validity(original={"test_acc": 0.41, "forget_acc": 0.0}, unlearned={"test_acc": 0.3}, retrain=None,
+                     num_classes=10)
+    assert block["checks"]["retrain_usable"] is None and block["checks"]["original_learned"] is None
+    assert block["failed"] == ["original_usable"] and block["original_valid"] is False
+    figures = [m["figure"] for m in block["missing"]]
+    assert "resurfacing.kr_retrain" in figures and "resurfacing.rr" in figures
+    assert all("retrain-oracle=false" in m["reason"] for m in block["missing"])
+    assert validity(original=GOOD_ORIGINAL, unlearned=None, retrain=RETRAIN, num_classes=10)["missing"] == []
+
+
 @pytest.mark.parametrize("original, failed", [
     ({"test_acc": 0.081, "forget_acc": 0.0}, ["original_usable", "original_learned"]),  # the issue's dead original
     ({"test_acc": 0.41, "forget_acc": 0.9}, ["original_usable"]),  # below 0.5

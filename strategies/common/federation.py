@@ -5,11 +5,17 @@
 clients (a round goes on when enough replied, otherwise :class:`RoundFailed` names the phase and
 round), and counts every byte that crosses the grid, down and up, per phase.
 
-Every loss is named and recorded: a node whose reply did not arrive within ``round-timeout`` (Flower
-drops late replies) or that answered with an error is logged once per round with its client id and
-why, and listed in its phase's ``failures`` (results.json ``cost.<phase>.failures``); nodes failing
-for the same reason share one line. A node that sent no reply in ``LOST_AFTER`` exchanges running is
-dropped from later rounds, as long as the nodes left are enough for the round to go on.
+Every loss is named once per phase: a node whose reply did not arrive within ``round-timeout``
+(Flower drops late replies), that answered with an error, or that Flower's SuperLink reports gone
+(its heartbeat stopped: the SuperLink answers in the node's place) is logged when it first fails in
+a phase, with its node and client id, and listed once in that phase's ``failures`` (results.json
+``cost.<phase>.failures``): the first round, every round it missed (``rounds``), why and what noticed
+it (``noticed_by``: ``round-timeout``, ``error-reply`` or ``heartbeat``). Nodes failing alike share
+one log line. A reply is attributed to the node it was sent to (the SuperLink's own error replies
+carry no node id), so a loss is never listed twice. A node the SuperLink reports gone, or that sent
+no reply in ``LOST_AFTER`` exchanges running, is dropped from later rounds (``not_asked``), as long
+as the nodes left are enough for the round to go on; a round fails only below
+``min-reply-fraction``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 log = logging.getLogger("fedunlearn")
@@ -67,6 +74,8 @@ class NodeInfo:
     #: training samples per class it keeps (``retain``) and the request removes (``removed``, by their
     #: true labels); empty on a task without classes
     class_counts: dict[str, list[int]] = field(default_factory=dict)
+    #: the hash of its forget set's sample ids, made on the node (``ids-sha256``), and what the ids are (``ids``)
+    forget_set: dict[str, str] = field(default_factory=dict)
 
 
 def message_bytes(message: Message) -> int:
@@ -112,7 +121,9 @@ class Federation:
                             {k: int(v) for k, v in metrics.items() if k.startswith("n-")},
                             int(metrics.get("data-id", 0)),
                             {k[len("class-n-"):]: [int(c) for c in v] for k, v in metrics.items()
-                             if k.startswith("class-n-")})
+                             if k.startswith("class-n-")},
+                            {k: str(v) for k, v in reply.content["forget-set"].items()}
+                            if "forget-set" in reply.content else {})
             self.nodes[info.node_id] = info
 
     @property
@@ -150,47 +161,80 @@ class Federation:
         needed = asked if require_all else math.ceil(self.min_reply_fraction * asked)
         live = [m for m in messages if m.metadata.dst_node_id not in self.dropped]
         if len(live) >= needed:  # a dropped node is asked again only when the round needs it
-            cost.failures += [{"phase": self.phase, "round": round_no, "client_id": self._client_or_none(n),
-                               "node_id": n, "reason": f"not asked: no reply in {LOST_AFTER} exchanges running"}
-                              for n in sorted({m.metadata.dst_node_id for m in messages} & self.dropped)]
+            for node in sorted({m.metadata.dst_node_id for m in messages} & self.dropped):
+                self._record(cost, node, round_no, f"not asked: lost earlier ({LOST_AFTER} exchanges without a "
+                             "reply, or gone for the SuperLink)", "not-asked")
             messages = live
         cost.bytes_down += sum(message_bytes(m) for m in messages)
         replies = self._send_and_receive(messages) if messages else []
-        valid, errors = [], defaultdict(list)
-        for reply in replies:
+        valid, errors, gone = [], defaultdict(list), []
+        for node, reply in replies:
             if reply.has_error():
-                errors[" ".join(str(reply.error.reason).split())].append(reply.metadata.src_node_id)
+                if int(reply.error.code) == ErrorCode.NODE_UNAVAILABLE:
+                    gone.append(node)
+                errors[(" ".join(str(reply.error.reason).split()),
+                        "heartbeat" if node in gone else "error-reply")].append(node)
             else:
                 cost.bytes_up += message_bytes(reply)
                 valid.append(reply)
-        answered = {r.metadata.src_node_id for r in replies}
+        answered = {node for node, _ in replies} - set(gone)
         silent = [m.metadata.dst_node_id for m in messages if m.metadata.dst_node_id not in answered]
-        if silent:
-            errors[f"no reply within round-timeout={self.round_timeout:g}s (a late reply is dropped)"] = silent
-        for reason, nodes in errors.items():
-            log.warning("phase %s round %d: %s: %s", self.phase, round_no, self._name(nodes, "failed"), reason)
-            cost.failures += [{"phase": self.phase, "round": round_no, "client_id": self._client_or_none(n),
-                               "node_id": n, "reason": reason} for n in nodes]
-        self._track_silence(answered, silent)
+        timed_out = [node for node in silent if node not in gone]
+        if timed_out:
+            errors[(f"no reply within round-timeout={self.round_timeout:g}s (a late reply is dropped)",
+                    "round-timeout")] = timed_out
+        for (reason, noticed_by), nodes in errors.items():
+            new = [n for n in nodes if self._record(cost, n, round_no, reason, noticed_by)]
+            if new:
+                log.warning("phase %s round %d: %s: %s", self.phase, round_no, self._name(new, "failed"), reason)
+        self._track_silence(answered, silent, gone)
         valid.sort(key=self._reply_order)
         if len(valid) < needed:
-            lost = "; ".join(f"{self._name(nodes, 'failed')}: {reason}" for reason, nodes in errors.items())
+            lost = "; ".join(f"{self._name(nodes, 'failed')}: {reason}" for (reason, _), nodes in errors.items())
             raise RoundFailed(f"phase '{self.phase}' round {round_no}: only {len(valid)} of "
                               f"{asked} nodes replied, {needed} needed ({lost})")
         return valid
 
-    def _track_silence(self, answered: set[int], silent: list[int]) -> None:
-        """Count exchanges in a row without a reply; a node reaching ``LOST_AFTER`` is dropped (not
-        asked while the round can do without it), a dropped node that answers again is back."""
+    def _record(self, cost: PhaseCost, node: int, round_no: int, reason: str, noticed_by: str) -> bool:
+        """List ``node``'s failure in ``round_no`` in the phase's failures: a new entry the first time it
+        fails in the phase (True: name it in the log), else this round added to its entry."""
+        for failure in cost.failures:
+            if failure["node_id"] == node:
+                if round_no not in failure["rounds"]:
+                    failure["rounds"].append(round_no)
+                if noticed_by == "not-asked" and round_no not in failure["not_asked"]:
+                    failure["not_asked"].append(round_no)
+                return False
+        cost.failures.append({"phase": self.phase, "round": round_no, "client_id": self._client_or_none(node),
+                              "node_id": node, "reason": reason, "noticed_by": noticed_by, "rounds": [round_no],
+                              "not_asked": [round_no] if noticed_by == "not-asked" else []})
+        return True
+
+    def _track_silence(self, answered: set[int], silent: list[int], gone: list[int] = ()) -> None:
+        """Count exchanges in a row without a reply; a node reaching ``LOST_AFTER``, or that the SuperLink
+        reports gone, is dropped (not asked while the round can do without it); a dropped node that
+        answers again is back."""
         for node in answered:
             self.silent_rounds.pop(node, None)
             self.dropped.discard(node)
         for node in silent:
             self.silent_rounds[node] = self.silent_rounds.get(node, 0) + 1
-            if self.silent_rounds[node] == LOST_AFTER:
+            if node not in self.dropped and (node in gone or self.silent_rounds[node] >= LOST_AFTER):
                 self.dropped.add(node)
-                log.warning("phase %s: %s in %d exchanges running: dropped from later rounds while enough "
-                            "nodes remain", self.phase, self._name([node], "sent no reply"), LOST_AFTER)
+                why = "gone for the SuperLink" if node in gone else f"sent no reply in {LOST_AFTER} exchanges running"
+                log.warning("phase %s: %s: dropped from later rounds while enough nodes remain", self.phase,
+                            self._name([node], why))
+
+    def missed(self, phase: str) -> list[dict]:
+        """The nodes whose work is missing from ``phase``'s result: client and node id and the rounds missed."""
+        return [{"client_id": f["client_id"], "node_id": f["node_id"], "rounds": list(f["rounds"])}
+                for f in self.cost(phase).failures]
+
+    def describe(self, failures: list[dict]) -> str:
+        """The clients of ``failures``, for a log line: ``1, 3`` (a node unknown to hello by its node id)."""
+        names = sorted({(f["client_id"] is None, f["client_id"] if f["client_id"] is not None else f["node_id"])
+                        for f in failures})
+        return ", ".join(f"node {n}" if unknown else str(n) for unknown, n in names)
 
     def _client_or_none(self, node: int) -> int | None:
         return self.nodes[node].client_id if node in self.nodes else None
@@ -206,20 +250,27 @@ class Federation:
             text += f" (client{plural} {', '.join(str(c) for c in clients)})"
         return text
 
-    def _send_and_receive(self, messages: list[Message]) -> list[Message]:
-        """Push, then pull the replies every ``POLL_SECONDS`` until all are in or ``round-timeout`` ends.
+    def _send_and_receive(self, messages: list[Message]) -> list[tuple[int, Message]]:
+        """Push, then pull the replies every ``POLL_SECONDS`` until all are in or ``round-timeout`` ends;
+        each reply with the node it answers for (the SuperLink answers in place of a node it lost, from
+        its own node id: the reply's ``reply_to_message_id`` names the message, hence the node).
 
         Flower's ``Grid.send_and_receive`` sleeps 3 s between pulls, which on real SuperNodes adds up
         to 3 s to every round (and to a one-shot method's only round); a grid without push/pull (the
         in-process one) keeps its own ``send_and_receive``."""
+        asked = {m.metadata.dst_node_id for m in messages}
         if getattr(self.grid, "in_process", False):
-            return list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
-        pending = set(self.grid.push_messages(messages))
+            return [(r.metadata.src_node_id, r) for r in self.grid.send_and_receive(messages, timeout=self.round_timeout)]
+        ids = list(self.grid.push_messages(messages))
+        sent_to = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages)}
+        pending = set(ids)
         deadline = time.monotonic() + self.round_timeout
-        replies: list[Message] = []
+        replies: list[tuple[int, Message]] = []
         while pending:
             arrived = list(self.grid.pull_messages(pending))
-            replies += arrived
+            for reply in arrived:
+                node = sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+                replies.append((node if node in asked else reply.metadata.src_node_id, reply))
             pending -= {m.metadata.reply_to_message_id for m in arrived}
             if not pending or time.monotonic() >= deadline:
                 break

@@ -62,6 +62,8 @@ class LLMClientData:
     """This client's share of the public evaluation sets (module docstring), by set name."""
     protocol: str = ""
     """The evaluation protocol its data asks for (``tasks.llm.federation_metrics``); ``""``: by the run config."""
+    removed_ids: list[int] = field(default_factory=list)
+    """Stable ids of the forget records: their index in the pool of records (or in the node's own file)."""
 
     def split(self, role: str) -> list[dict]:
         if role == "retain":
@@ -190,4 +192,5 @@ def build_llm_client_data(cfg, records: list[dict], partition_id: int, num_parti
                          retain=[r for r in own if r["author"] not in gone],
                          forget=[r for r in own if r["author"] in gone],
                          forget_authors=sorted(mine & gone),
+                         removed_ids=[i for i, r in enumerate(records) if r["author"] in mine & gone],
                          public={name: rows[partition_id::num_partitions] for name, rows in public.items()})

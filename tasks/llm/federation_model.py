@@ -38,10 +38,18 @@ def _built(model: str, rank: int, alpha: float, targets: tuple[str, ...], load_i
     return peft_model, tokenizer, {k: v.clone() for k, v in adapter_state(peft_model).items()}
 
 
+def base_model(cfg) -> str:
+    """The run's base model: ``llm-model``, or a merged model given as ``original-model``
+    (``tasks.llm.given_model``)."""
+    from tasks.llm.given_model import given_base
+
+    return given_base(cfg) or cfg["llm-model"]
+
+
 def task_llm(cfg, device: torch.device | None = None):
     """(peft model, tokenizer, initial adapter state) of the run, built once per process."""
     device = device or torch.device("cpu")
-    return _built(cfg["llm-model"], cfg["llm-lora-rank"], cfg["llm-lora-alpha"], target_modules(cfg),
+    return _built(base_model(cfg), cfg["llm-lora-rank"], cfg["llm-lora-alpha"], target_modules(cfg),
                   cfg["llm-load-in-4bit"], cfg["seed"], str(device))
 
 
@@ -50,7 +58,7 @@ def full_precision_twin(cfg, model, device: torch.device | None = None):
     4-bit client takes a Fisher on full-precision weights (a separately loaded bf16/fp32 copy).
     Built once per process like ``task_llm``; the adapter is reloaded on every call."""
     device = device or torch.device("cpu")
-    twin = _built(cfg["llm-model"], cfg["llm-lora-rank"], cfg["llm-lora-alpha"], target_modules(cfg), False,
+    twin = _built(base_model(cfg), cfg["llm-lora-rank"], cfg["llm-lora-alpha"], target_modules(cfg), False,
                   cfg["seed"], str(device))[0]
     load_adapter_state(twin, adapter_state(model))
     return twin

@@ -126,4 +126,5 @@ def build_node_client_data(cfg, data_path: str, partition_id: int) -> LLMClientD
     return LLMClientData(client_id=partition_id, authors=authors,
                          retain=[r for r in records if r["author"] not in gone],
                          forget=[r for r in records if r["author"] in gone],
-                         forget_authors=sorted(gone), public=public, protocol="tofu")
+                         forget_authors=sorted(gone), public=public, protocol="tofu",
+                         removed_ids=[i for i, r in enumerate(records) if r["author"] in gone])

@@ -59,7 +59,27 @@ class LLMTask(Task):
         return hashlib.sha256(text.encode()).hexdigest()
 
     def cache_key(self, cfg: Config) -> dict:
-        return {k: cfg[k] for k in MODEL_KEYS}
+        from tasks.llm.given_model import folder_sha256, given_base
+
+        base = given_base(cfg)  # a merged original-model is the base every cached model is built on
+        return {k: cfg[k] for k in MODEL_KEYS} | ({"base-sha256": folder_sha256(base)} if base else {})
+
+    def check_original_model(self, cfg: Config, path: str) -> None:
+        from tasks.llm.given_model import folder_kind
+
+        try:
+            kind = folder_kind(path)
+        except ValueError as err:
+            raise ConfigError(f"run-config 'original-model'={cfg['original-model']!r} {err}") from None
+        if kind == "merged" and cfg["retrain-oracle"]:
+            raise ConfigError(f"run-config 'original-model'={cfg['original-model']!r} is a merged model: its weights "
+                              "hold the knowledge to forget, so no retrain oracle can start from them; set "
+                              "retrain-oracle=false, or give the PEFT adapter folder")
+
+    def read_original(self, cfg: Config, path: str) -> tuple[dict | None, str]:
+        from tasks.llm.given_model import read_given
+
+        return read_given(cfg, path)
 
     def server_model(self, cfg: Config, plugins: list[dict], seed: int | None = None):  # init-seed refused above
         from tasks.llm.federation_model import server_adapter_model

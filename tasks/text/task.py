@@ -166,7 +166,7 @@ class TextTask(VisionTask):
 
         forget_client, federation_size = forget_client_and_federation_size(cfg, labels, num_partitions)
         data = apply_request(cfg, partition_id, forget_client, (ids[:n], y[:n]), (ids[n:], y[n:]), self.num_classes,
-                             trigger=trigger, federation_size=federation_size)
+                             trigger=trigger, federation_size=federation_size, ids=torch.as_tensor(train_idx))
         encoded = {f.name: encode_prefix(encoder, getattr(data, f.name), cfg["text-train-layers"])
                    for f in dataclasses.fields(data) if f.name.endswith("_x")}
         return dataclasses.replace(data, **encoded)

@@ -1,0 +1,102 @@
+"""The LLM task's ``original-model``: a PEFT adapter folder or a merged Hugging Face model folder.
+
+* **Adapter folder** (``adapter_config.json`` + ``adapter_model.safetensors``, what PEFT's
+  ``save_pretrained`` writes): a LoRA adapter trained on the run's base model (``llm-model``). Its
+  rank, alpha and target modules must be the run's (``llm-lora-rank``, ``llm-lora-alpha``,
+  ``llm-target-modules``) and its tensors the run's adapter keys and shapes; the original is that
+  adapter, and the retrain oracle starts, as always, from a fresh adapter on the same base.
+* **Merged model folder** (``config.json`` + weights, what ``merge_and_unload().save_pretrained``
+  writes): the whole trained model. It becomes the run's base model on every node (in place of
+  ``llm-model``; a SuperNode reads it at the same path) and the original is that base with a fresh
+  adapter (LoRA ``B = 0``: exactly the merged model's outputs). Its weights hold the knowledge to
+  forget, so no retrain oracle can start from them: such a run needs ``retrain-oracle=false``.
+
+A folder's sha256 is the sha256 of the lines ``<relative path> <sha256 of the file>`` of every file
+in it, sorted by path: a stable combined hash that changes when any file changes, is added or goes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from functools import lru_cache
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def folder_kind(path: str) -> str:
+    """``"adapter"`` or ``"merged"``; ``ValueError`` (one line) for a folder that is neither."""
+    if not os.path.isdir(path):
+        raise ValueError("is not a folder: the LLM task takes a PEFT adapter folder or a merged Hugging Face "
+                         "model folder")
+    if all(os.path.isfile(os.path.join(path, name)) for name in ADAPTER_FILES):
+        return "adapter"
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return "merged"
+    raise ValueError(f"holds neither {' + '.join(ADAPTER_FILES)} (a PEFT adapter) nor config.json (a merged "
+                     "Hugging Face model)")
+
+
+def _files(path: str) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(root, name), path)
+                  for root, _, names in os.walk(path) for name in names)
+
+
+def _file_sha256(path: str) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+@lru_cache(maxsize=4)
+def _folder_sha256(path: str, stamp: tuple) -> str:
+    lines = "".join(f"{name} {_file_sha256(os.path.join(path, name))}\n" for name in _files(path))
+    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+
+def folder_sha256(path: str) -> str:
+    """The folder's combined sha256 (module docstring); computed once per content of the folder."""
+    path = os.path.abspath(os.path.expanduser(path))
+    stamp = tuple((name, os.stat(os.path.join(path, name)).st_size, os.stat(os.path.join(path, name)).st_mtime_ns)
+                  for name in _files(path))
+    return _folder_sha256(path, stamp)
+
+
+def given_base(cfg) -> str | None:
+    """The merged model folder that replaces ``llm-model`` as the run's base, or None."""
+    path = cfg["original-model"]
+    if not path:
+        return None
+    path = os.path.abspath(os.path.expanduser(path))
+    return path if os.path.isdir(path) and folder_kind(path) == "merged" else None
+
+
+def check_adapter_config(cfg, path: str) -> None:
+    """The adapter's LoRA settings against the run's; ``ValueError`` naming the first that differs."""
+    from tasks.llm.federation_model import target_modules
+
+    with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as handle:
+        config = json.load(handle)
+    theirs = {"llm-lora-rank": config.get("r"), "llm-lora-alpha": config.get("lora_alpha"),
+              "llm-target-modules": sorted(config.get("target_modules") or [])}
+    ours = {"llm-lora-rank": cfg["llm-lora-rank"], "llm-lora-alpha": cfg["llm-lora-alpha"],
+            "llm-target-modules": sorted(target_modules(cfg))}
+    for key, value in ours.items():
+        given = theirs[key]
+        if (float(given) != float(value)) if key != "llm-target-modules" and given is not None else given != value:
+            raise ValueError(f"is an adapter with {key.removeprefix('llm-')} {given!r}, the run's {key} is {value!r}")
+
+
+def read_given(cfg, path: str) -> tuple[dict | None, str]:
+    """The original's adapter tensors as the folder holds them (None for a merged folder: the run's
+    fresh adapter on that base is the original) and the folder's sha256; ``ValueError`` in one line."""
+    from safetensors.torch import load_file
+
+    if folder_kind(path) == "merged":
+        return None, folder_sha256(path)
+    check_adapter_config(cfg, path)
+    try:
+        state = load_file(os.path.join(path, "adapter_model.safetensors"))
+    except Exception as err:  # noqa: BLE001 - an unreadable file is one line, never a traceback
+        raise ValueError(f"adapter_model.safetensors cannot be read: {str(err).splitlines()[0]}") from None
+    return state, folder_sha256(path)

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from tasks.stream import REQUEST_RECORD
+
 log = logging.getLogger("fedunlearn")
 
 LOST_AFTER = 2
@@ -88,6 +90,10 @@ class Federation:
         self.phase = "setup"
         self.silent_rounds: dict[int, int] = {}  # node id -> exchanges in a row without a reply
         self.dropped: set[int] = set()
+        #: in a stream of requests, the request every message is about (0: before any request); every
+        #: message then carries it (``REQUEST_RECORD``) and each client answers with its view of that
+        #: request. None outside a stream: messages carry nothing more.
+        self.request_index: int | None = None
 
     # --- phases and costs -------------------------------------------------------------------
     def start_phase(self, name: str) -> PhaseCost:
@@ -154,6 +160,9 @@ class Federation:
                                "node_id": n, "reason": f"not asked: no reply in {LOST_AFTER} exchanges running"}
                               for n in sorted({m.metadata.dst_node_id for m in messages} & self.dropped)]
             messages = live
+        if self.request_index is not None:
+            for message in messages:
+                message.content[REQUEST_RECORD] = ConfigRecord({"request": self.request_index})
         cost.bytes_down += sum(message_bytes(m) for m in messages)
         replies = self._send_and_receive(messages) if messages else []
         valid, errors = [], defaultdict(list)

@@ -211,7 +211,7 @@ class Stream:
     def report(self, original: ModelState, restored: dict[int, ModelState]) -> str:
         exp = self.exp
         cfg = self.base.as_dict()
-        folder = run_folder(cfg["outputs-dir"], cfg)
+        folder = run_folder(cfg["outputs-dir"], {**cfg, "scenario": "stream"})
         os.makedirs(folder, exist_ok=True)
         last = self.entries[-1]
         model_files = write_models(folder, {"original": original, **last["kept"]}, False)

@@ -35,6 +35,9 @@ Scenarios (the papers' setups):
 
 The default forget client (-1) is the client with the most training samples: a small client's
 poison is drowned by the others and leaves nothing measurable to unlearn.
+
+A stream of requests (``requests``, ``tasks.stream``) sets every request's poisoning up at once
+and gives each request its own view of what is left (:func:`apply_stream`).
 """
 
 from __future__ import annotations

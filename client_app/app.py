@@ -70,7 +70,7 @@ def _content_id(data) -> int:
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
     """Client id and data counts, so the server can address roles by node."""
-    cfg, data = client_view(context)
+    cfg, data = client_view(context, msg.content)
     counts = data.counts()
     counts["n-all"] = counts["n-retain"] + counts["n-forget"]
     log(INFO, "fedunlearn client %d: request scenario '%s': %d of %d training samples to forget, %d kept; "
@@ -121,7 +121,7 @@ def train(msg: Message, context: Context) -> Message:
             for key, record in _train_role(msg.content, context, role).items():
                 content[f"{key}.{role}"] = record
     if msg.content["config"].get("evaluate-received", False):  # after training: its randomness is untouched
-        cfg, data = client_view(context)
+        cfg, data = client_view(context, msg.content)
         measured = _evaluate_one(cfg, data, msg.content["arrays"],
                                  {"plugins": msg.content["config"].get("plugins", ""), "features": False})
         content["metrics.received"] = measured["metrics"]
@@ -130,7 +130,7 @@ def train(msg: Message, context: Context) -> Message:
 
 def _train_role(content: RecordDict, context: Context, role: str) -> RecordDict:
     """One role's local training by the run's task: ``arrays`` (what travels back) + ``metrics``."""
-    cfg, data = client_view(context)
+    cfg, data = client_view(context, content)
     conf = dict(content["config"])
     model = load_model(cfg, content["arrays"], str(conf.get("plugins", "")))
     name = str(conf.get("objective", "ce"))
@@ -157,7 +157,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     A message whose ``config`` names ``models`` (comma-separated) carries several models, each as
     ``arrays.<name>`` with its own ``config.<name>``; the reply holds ``metrics.<name>`` (and
     ``features.<name>``) for each: one process start on a real node for all of them."""
-    cfg, data = client_view(context)
+    cfg, data = client_view(context, msg.content)
     names = str(msg.content["config"].get("models", ""))
     # one model: plain ``arrays`` / ``config`` in, ``metrics`` / ``features`` out
     suffixes = [f".{name}" for name in names.split(",")] if names else [""]
@@ -188,7 +188,7 @@ def _records(reply: dict) -> RecordDict:
 
 def _query_handler(action: str, target: str, spec):
     def handle(msg: Message, context: Context) -> Message:
-        cfg, data = client_view(context)
+        cfg, data = client_view(context, msg.content)
         if cfg.task.kind not in spec.task_kinds:
             raise ValueError(f"query.{action} of method {spec.name} needs a task of kind "
                              f"{' or '.join(spec.task_kinds)}, not task '{cfg['task']}'")

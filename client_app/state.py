@@ -13,12 +13,13 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from flwr.app import ArrayRecord, Context
+from flwr.app import ArrayRecord, Context, RecordDict
 
 from client_app.view_cache import PartitionFiles, cache_folder, cached_view
 from tasks import partition
 from tasks.config import Config, parse_config
 from tasks.plugins import specs_from_json
+from tasks.stream import REQUEST_RECORD, request_config
 
 
 def _int(node: dict, key: str) -> int:
@@ -56,24 +57,33 @@ def data_source(node: dict) -> dict:
     return {"partition-id": pid, "num-partitions": n}
 
 
-@lru_cache(maxsize=4)
-def _view(frozen_config: tuple, frozen_node: tuple):
+@lru_cache(maxsize=16)
+def _view(frozen_config: tuple, frozen_node: tuple, request: int | None):
     run, node = dict(frozen_config), dict(frozen_node)
     source = data_source(node)
     cfg = parse_config(run, num_clients=source.get("num-partitions"))
+    if request is not None:
+        cfg = request_config(cfg, request)
     key, build = cfg.task.client_view(cfg, source)
     partition.use_store(PartitionFiles(cache_folder(node)))  # a new request over the same partition skips it
     return cfg, (cached_view(cache_folder(node), key, build) if key is not None else build())
 
 
-def client_view_of(run_config: dict, node_config: dict):
-    """(config, the data view) of the node with ``node_config`` in the run with ``run_config``."""
-    return _view(tuple(sorted(run_config.items())), tuple(sorted(node_config.items())))
+def client_view_of(run_config: dict, node_config: dict, request: int | None = None):
+    """(config, the data view) of the node with ``node_config`` in the run with ``run_config``; in a
+    stream of requests, of request ``request`` (0: before any request; ``tasks.stream``)."""
+    return _view(tuple(sorted(run_config.items())), tuple(sorted(node_config.items())), request)
 
 
-def client_view(context: Context):
-    """(config, this client's data view) for the current run."""
-    return client_view_of(context.run_config, context.node_config)
+def request_of(content: RecordDict) -> int | None:
+    """The request of a stream that a message's ``content`` is about (``Federation.request_index``), or None."""
+    return int(content[REQUEST_RECORD]["request"]) if REQUEST_RECORD in content else None
+
+
+def client_view(context: Context, content: RecordDict | None = None):
+    """(config, this client's data view) for the current run and the request the message
+    ``content`` is about."""
+    return client_view_of(context.run_config, context.node_config, None if content is None else request_of(content))
 
 
 def round_seed(cfg: Config, conf, client_id: int) -> int:

@@ -30,7 +30,8 @@ from tasks.requests import ClientData
 
 log = logging.getLogger("fedunlearn")
 
-TENSOR_FIELDS = tuple(f.name for f in dataclasses.fields(ClientData) if f.name != "client_id")
+FLAG_FIELDS = ("label_flipped",)
+TENSOR_FIELDS = tuple(f.name for f in dataclasses.fields(ClientData) if f.name not in ("client_id", *FLAG_FIELDS))
 
 
 def cache_folder(node_config: dict) -> str:
@@ -73,11 +74,13 @@ def cached_view(folder: str, key: dict, build: Callable[[], ClientData]) -> Clie
     key_json = json.dumps(key, sort_keys=True)
     path = _path(folder, "view", key_json)
     stored = _read(path, key_json)
-    if stored is not None and all(name in stored for name in ("client_id", *TENSOR_FIELDS)):
+    if stored is not None and all(name in stored for name in ("client_id", *FLAG_FIELDS, *TENSOR_FIELDS)):
         return ClientData(client_id=int(stored["client_id"]),
+                          **{name: bool(stored[name]) for name in FLAG_FIELDS},
                           **{name: torch.from_numpy(stored[name].copy()) for name in TENSOR_FIELDS})
     data = build()
     _write(path, key_json, {"client_id": np.array(data.client_id),
+                            **{name: np.array(getattr(data, name)) for name in FLAG_FIELDS},
                             **{name: getattr(data, name).numpy() for name in TENSOR_FIELDS}})
     return data
 

@@ -60,8 +60,11 @@ def model_key(kind: str, cfg: Config, federation: list[dict], data: str) -> dict
     # settings added after the cache: in the key only away from their default, so old keys stay valid
     scheduled = {"lr-schedule": cfg["lr-schedule"]} if cfg["lr-schedule"] != "constant" else {}
     drawn = {"init-seed": cfg.init_seed} if cfg.init_seed != cfg["seed"] else {}
+    from tasks.stream import view_key_part
+
+    stream = view_key_part(cfg)  # a stream's poisoning and, for a retrain oracle, the requests answered so far
     return {"kind": kind, "version": CACHE_VERSION, "num-clients": len(federation), "rounds": rounds,
-            "data": data, "federation": federation, **{k: cfg[k] for k in keys}, **scheduled, **drawn}
+            "data": data, "federation": federation, **{k: cfg[k] for k in keys}, **scheduled, **drawn, **stream}
 
 
 def cache_dir(cfg: Config) -> str:

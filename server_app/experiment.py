@@ -28,6 +28,7 @@ from strategies.registry import method_for, method_spec, pretraining_keeps
 from tasks.config import Config, ConfigError, inapplicable_settings, parse_config
 from tasks.diagnostics import forgetting_dispersion, pca_scatter_png, resurfacing_summary, rollback_tendency
 from tasks.plugins import specs_to_json
+from tasks.stream import is_stream
 from tasks.validity import validity
 
 log = logging.getLogger("fedunlearn")
@@ -78,13 +79,17 @@ class Experiment:
         self.data_id = self.identify_data(num_nodes)
         self.fed.hello(ConfigRecord({}))
         self.cfg = parse_config(self.run_config, num_clients=self.fed.num_clients)
+        if not is_stream(self.cfg):  # a stream checks each of its requests (server_app.stream)
+            self.check_request(f"the request (scenario '{self.cfg['scenario']}')")
+
+    def check_request(self, request: str) -> None:
+        """After hello: the request selects forget data somewhere and leaves retained data somewhere."""
         if not self.fed.nodes_with("n-forget"):
-            raise ConfigError(f"the request (scenario '{self.cfg['scenario']}') selects no forget data "
-                              "on any client: nothing to unlearn")
+            raise ConfigError(f"{request} selects no forget data on any client: nothing to unlearn")
         if not self.fed.nodes_with("n-retain"):
-            raise ConfigError("no client keeps any retained data: nothing to train on after unlearning")
+            raise ConfigError(f"{request}: no client keeps any retained data: nothing to train on after unlearning")
         forget = [self.fed.client_id(n) for n in self.fed.nodes_with("n-forget")]
-        self.say(f"federation: {self.fed.num_clients} clients; forget data on clients {forget}")
+        self.say(f"federation: {self.fed.num_clients} clients; {request}: forget data on clients {forget}")
 
     def identify_data(self, num_nodes: int) -> str | None:
         """The training data's fingerprint (part of the cache key), read on the server as every
@@ -280,6 +285,10 @@ class Experiment:
 
     # --- the whole run --------------------------------------------------------------------
     def run(self) -> str:
+        if is_stream(self.cfg):
+            from server_app.stream import run_stream
+
+            return run_stream(self)
         self.setup()
         original = self.original()
         require_finite(original.arrays, phase="pretrain", round_no=self.cfg["pretrain-rounds"], method="original")

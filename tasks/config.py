@@ -147,6 +147,10 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
        "up (client scenario, backdoor): a larger client triggers a seeded draw of its samples; 1 = all of them",
        open_unit(True)),
     setting("forget-class", int, 3, "class removed in the class scenario", at_least(0)),
+    setting("requests", str, "",
+       "a stream of deletion requests answered in order over one federation, ';'-separated, each 'scenario' or "
+       "'scenario:id' (the class for class, the client for client and sample), e.g. 'class:3; client:4'; "
+       "empty = the one request that scenario describes (docs/architecture.md, 'A stream of requests')"),
     setting("sample-fraction", float, 0.2,
        "share of the forget client's samples that carry the backdoor (sample scenario)", open_unit(True)),
     setting("backdoor-target", int, 0, "label the backdoor trigger maps to", at_least(0)),
@@ -410,7 +414,7 @@ def _check_combinations(cfg: Config, num_clients: int | None) -> None:
         needed = [f"{k.kind} ({', '.join(k.names)})" for k in task_kinds() if k.kind in spec.task_kinds]
         raise ConfigError(f"run-config 'method'={cfg['method']!r} needs a task of kind {' or '.join(needed)}, not "
                           f"task '{task.name}': for it, method must be one of {', '.join(methods_for_task(task))}")
-    if cfg["scenario"] not in spec.scenarios:
+    if cfg["scenario"] not in spec.scenarios and not cfg["requests"].strip():  # a stream checks its own
         raise ConfigError(f"run-config 'scenario'={cfg['scenario']!r} is not supported by method "
                           f"'{cfg['method']}': must be one of {', '.join(spec.scenarios)}")
     if cfg["lr-schedule"] != "constant" and "update-history" in spec.needs:
@@ -423,6 +427,12 @@ def _check_combinations(cfg: Config, num_clients: int | None) -> None:
         task.check_original_model(cfg, os.path.abspath(os.path.expanduser(cfg["original-model"])))
     if spec.check is not None:
         spec.check(cfg)
+    from tasks.stream import check_requests
+
+    if cfg["requests"].strip() and task.kind == "llm":
+        raise ConfigError(f"run-config 'requests' (a stream of requests) is not supported on task '{task.name}' "
+                          "yet: it takes a vision or text task")
+    check_requests(cfg, spec.scenarios, cfg.num_classes, num_clients)
     if num_clients is not None:
         if num_clients < 2:
             raise ConfigError(f"the federation has {num_clients} client(s): at least 2 are needed")

@@ -35,6 +35,9 @@ Scenarios (the papers' setups):
 
 The default forget client (-1) is the client with the most training samples: a small client's
 poison is drowned by the others and leaves nothing measurable to unlearn.
+
+A stream of requests (``requests``, ``tasks.stream``) sets every request's poisoning up at once
+and gives each request its own view of what is left (:func:`apply_stream`).
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ class ClientData:
     #: stable ids of those samples among the node's records (the shared pool's index, or the position in
     #: the node's own training files): what the forget set's hash in the receipt is made of, never the data
     removed_ids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    #: this client's training labels were flipped (a label-flip client of the client scenario)
+    label_flipped: bool = False
 
     def split(self, role: str, *, all_data: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Training data of a role: ``all`` (retain + forget, plus ``pretrain_only``: the backdoor
@@ -106,8 +111,7 @@ class ClientData:
         everything, at few epochs as at many; with them, the federation's epochs give a clean
         federation's accuracy and learn the trigger, while label-flip's extra poison epochs would
         destroy it again."""
-        poisoning = (role == "all" and cfg["scenario"] == "client" and cfg["poison"] == "label-flip"
-                     and len(self.forget_y) > 0)
+        poisoning = role == "all" and self.label_flipped and len(self.forget_y) > 0
         return (cfg["poison-epochs"] or epochs) if poisoning else epochs
 
     def counts(self) -> dict[str, int]:
@@ -178,58 +182,138 @@ def apply_request(cfg: Config, partition_id: int, forget_client: int, train: tup
     ``trigger(x)`` plants the backdoor in samples ``x``; default: the vision trigger square of
     ``trigger-size`` (a text task appends its trigger phrase). ``federation_size``: the
     federation's training samples, which cap a backdoor client's triggered samples (None: unknown,
-    no cap). ``ids``: a stable id of each training sample (default: its position in ``train``)."""
+    no cap). ``ids``: a stable id of each training sample (default: its position in ``train``). In a
+    stream of requests (``requests``) the view is that of the config's request (:func:`apply_stream`)."""
     if trigger is None:
         from tasks.vision.triggers import apply_trigger
 
         def trigger(samples: torch.Tensor) -> torch.Tensor:
             return apply_trigger(samples, cfg["trigger-size"])
 
+    from tasks.stream import is_stream
+
+    if is_stream(cfg):
+        return apply_stream(cfg, partition_id, forget_client, train, test, num_classes, trigger, federation_size, ids)
     (x, y), (tx, ty) = train, test
+    removal = _removal(cfg, cfg["scenario"], cfg["forget-class"], partition_id, forget_client, x, y, num_classes,
+                       trigger, federation_size)
+    test_keep = ty != cfg["forget-class"] if cfg["scenario"] == "class" else torch.ones(len(ty), dtype=torch.bool)
+    pretrain_only = (x, y) if removal.clean_copies else (x[:0], y[:0])
+    return _client_data(cfg, partition_id, (x, y), (tx, ty), ~removal.mask, (removal.fx, removal.fy), test_keep,
+                        ~test_keep, pretrain_only, removal.mask, uses_trigger(cfg), trigger, removal.label_flipped, ids)
+
+
+@dataclass
+class Removal:
+    """What one request takes from one client's training samples: ``mask`` (they leave the retained
+    data), the forget set as it was trained (``fx``, ``fy``: poisoned where the request poisons; the
+    samples at ``forget_idx``), whether pretraining also saw clean copies of the masked samples
+    (a backdoor client) and whether the labels were flipped (a label-flip client)."""
+
+    mask: torch.Tensor
+    forget_idx: torch.Tensor
+    fx: torch.Tensor
+    fy: torch.Tensor
+    clean_copies: bool = False
+    label_flipped: bool = False
+
+
+def _removal(cfg: Config, scenario: str, forget_class: int, partition_id: int, forget_client: int,
+             x: torch.Tensor, y: torch.Tensor, num_classes: int, trigger, federation_size: int | None) -> Removal:
+    """The :class:`Removal` of one request (``scenario``; ``forget_class`` for a class, ``forget_client``
+    for a client or samples) on client ``partition_id``'s training samples ``(x, y)``."""
     target = cfg["backdoor-target"]
-    forget_mask = torch.zeros(len(y), dtype=torch.bool)
-    fx, fy = x[:0], y[:0]
-    test_keep = torch.ones(len(ty), dtype=torch.bool)
-    pretrain_only = (x[:0], y[:0])
-    scenario = cfg["scenario"]
-
+    nothing = torch.zeros(0, dtype=torch.int64)
     if scenario == "class":
-        forget_mask = y == cfg["forget-class"]
-        fx, fy = x[forget_mask], y[forget_mask]
-        test_keep = ty != cfg["forget-class"]
-    elif partition_id == forget_client and scenario == "client":
-        forget_mask[:] = True
+        mask = y == forget_class
+        return Removal(mask, torch.nonzero(mask).flatten(), x[mask], y[mask])
+    if partition_id != forget_client:
+        return Removal(torch.zeros(len(y), dtype=torch.bool), nothing, x[:0], y[:0])
+    if scenario == "client":
+        mask = torch.ones(len(y), dtype=torch.bool)
         if cfg["poison"] == "label-flip":
-            fx, fy = x, (y + 1) % num_classes
-        else:
-            candidates = np.flatnonzero((y != target).numpy())
-            if not len(candidates):
-                raise ValueError(f"forget-client {partition_id} holds only samples of backdoor-target {target}: "
-                                 "its backdoor would be measurable on nothing; choose another forget-client or "
-                                 "backdoor-target")
-            poisoned = torch.as_tensor(poisoned_subset(cfg, candidates, partition_id, federation_size))
-            fx, fy = trigger(x[poisoned]), torch.full((len(poisoned),), target)
-            pretrain_only = (x, y)
-    elif partition_id == forget_client and scenario == "sample":
+            return Removal(mask, torch.arange(len(y)), x, (y + 1) % num_classes, label_flipped=True)
         candidates = np.flatnonzero((y != target).numpy())
-        n_forget = min(len(candidates), max(1, int(round(cfg["sample-fraction"] * len(y)))))
-        chosen = request_rng(cfg, partition_id).choice(candidates, size=n_forget, replace=False)
-        forget_mask[torch.as_tensor(chosen)] = True
-        fx, fy = trigger(x[forget_mask]), torch.full((n_forget,), target)
+        if not len(candidates):
+            raise ValueError(f"forget-client {partition_id} holds only samples of backdoor-target {target}: "
+                             "its backdoor would be measurable on nothing; choose another forget-client or "
+                             "backdoor-target")
+        poisoned = torch.as_tensor(poisoned_subset(cfg, candidates, partition_id, federation_size))
+        return Removal(mask, poisoned, trigger(x[poisoned]), torch.full((len(poisoned),), target), clean_copies=True)
+    candidates = np.flatnonzero((y != target).numpy())
+    n_forget = min(len(candidates), max(1, int(round(cfg["sample-fraction"] * len(y)))))
+    chosen = request_rng(cfg, partition_id).choice(candidates, size=n_forget, replace=False)
+    mask = torch.zeros(len(y), dtype=torch.bool)
+    mask[torch.as_tensor(chosen)] = True
+    return Removal(mask, torch.nonzero(mask).flatten(), trigger(x[mask]), torch.full((n_forget,), target))
 
-    non_target = ty != target
-    if uses_trigger(cfg):
+
+def _client_data(cfg: Config, partition_id: int, train, test, retain_mask: torch.Tensor, forget,
+                 test_mask: torch.Tensor, forget_test_mask: torch.Tensor, pretrain_only, removed_mask: torch.Tensor,
+                 triggered: bool, trigger, label_flipped: bool, ids: torch.Tensor | None = None) -> ClientData:
+    """The :class:`ClientData` of the given masks (training: retained, removed; local test: test,
+    forget test), forget set and clean copies; ``triggered``: with the triggered test samples;
+    ``ids``: the training samples' stable ids (default: their positions)."""
+    (x, y), (tx, ty), (fx, fy) = train, test, forget
+    non_target = ty != cfg["backdoor-target"]
+    if triggered:
         trig_x, trig_y = trigger(tx[non_target]), ty[non_target]
     else:
         trig_x, trig_y = tx[:0], ty[:0]
     return ClientData(
         client_id=partition_id,
-        retain_x=x[~forget_mask], retain_y=y[~forget_mask],
+        retain_x=x[retain_mask], retain_y=y[retain_mask],
         forget_x=fx, forget_y=fy.to(torch.int64),
-        test_x=tx[test_keep], test_y=ty[test_keep],
-        forget_test_x=tx[~test_keep], forget_test_y=ty[~test_keep],
+        test_x=tx[test_mask], test_y=ty[test_mask],
+        forget_test_x=tx[forget_test_mask], forget_test_y=ty[forget_test_mask],
         triggered_test_x=trig_x, triggered_test_y=trig_y,
         pretrain_only_x=pretrain_only[0], pretrain_only_y=pretrain_only[1].to(torch.int64),
-        removed_y=y[forget_mask].to(torch.int64),
-        removed_ids=(torch.arange(len(y)) if ids is None else torch.as_tensor(ids))[forget_mask].to(torch.int64),
+        removed_y=y[removed_mask].to(torch.int64),
+        removed_ids=(torch.arange(len(y)) if ids is None else torch.as_tensor(ids))[removed_mask].to(torch.int64),
+        label_flipped=label_flipped,
     )
+
+
+def apply_stream(cfg: Config, partition_id: int, forget_client: int, train: tuple[torch.Tensor, torch.Tensor],
+                 test: tuple[torch.Tensor, torch.Tensor], num_classes: int, trigger,
+                 federation_size: int | None) -> ClientData:
+    """This client's view of request ``k`` of a stream (``tasks.stream``; ``k`` = the config's
+    request index, 0 = the federation as set up, before any request).
+
+    Every request's removal is computed on the client's raw samples; a request without a client id
+    names ``forget_client`` (the run's, -1 resolved). View 0 trains on everything, each poisoned
+    sample as poisoned (plus a backdoor client's clean copies). View ``k``: the forget set is request
+    ``k``'s, less the samples an earlier request removed; the retained data is what no request up to
+    ``k`` removed; the local test split leaves out every class removed up to ``k``, and its forget
+    test holds request ``k``'s class."""
+    from tasks.stream import parse_requests, plants_trigger, request_index
+
+    (x, y), (_, ty) = train, test
+    requests, index = parse_requests(cfg), request_index(cfg) or 0
+    removals = [_removal(cfg, r.scenario, r.target, partition_id, forget_client if r.target < 0 else r.target,
+                         x, y, num_classes, trigger, federation_size) for r in requests]
+    label_flipped = any(r.label_flipped for r in removals)
+    nothing = torch.zeros(len(y), dtype=torch.bool)
+    if index == 0:
+        poisoned = [r for r, request in zip(removals, requests) if request.scenario != "class"]
+        out = nothing.clone()
+        for r in poisoned:
+            out |= r.mask
+        forget = (torch.cat([x[:0], *[r.fx for r in poisoned]]), torch.cat([y[:0], *[r.fy for r in poisoned]]))
+        clean = [r.mask for r in poisoned if r.clean_copies]
+        pretrain_only = (torch.cat([x[:0], *[x[m] for m in clean]]), torch.cat([y[:0], *[y[m] for m in clean]]))
+        return _client_data(cfg, partition_id, train, test, ~out, forget, torch.ones(len(ty), dtype=torch.bool),
+                            torch.zeros(len(ty), dtype=torch.bool), pretrain_only, nothing, False, trigger,
+                            label_flipped, ids)
+    before = nothing.clone()
+    for r in removals[:index - 1]:
+        before |= r.mask
+    current, request = removals[index - 1], requests[index - 1]
+    keep = ~before[current.forget_idx]
+    removed = current.mask & ~before
+    pretrain_only = (x[removed], y[removed]) if current.clean_copies else (x[:0], y[:0])
+    gone = torch.as_tensor([r.target for r in requests[:index] if r.scenario == "class"], dtype=ty.dtype)
+    forget_test = (ty == request.target) if request.scenario == "class" else torch.zeros(len(ty), dtype=torch.bool)
+    return _client_data(cfg, partition_id, train, test, ~(before | current.mask), (current.fx[keep], current.fy[keep]),
+                        ~torch.isin(ty, gone), forget_test, pretrain_only, removed, plants_trigger(cfg, request),
+                        trigger, label_flipped, ids)

@@ -70,6 +70,9 @@ class UnlearningMethod:
 
     name = "abstract"
     reversible = False
+    #: each request adds its own plug-ins and leaves earlier ones as they are, so in a stream of
+    #: requests any one request can be undone alone (:meth:`unplug`)
+    stacks = False
 
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         raise NotImplementedError
@@ -97,3 +100,28 @@ class UnlearningMethod:
 
     def restore(self, unlearned: ModelState, ctx: UnlearnContext) -> ModelState:
         raise NotImplementedError(f"method '{self.name}' is not reversible")
+
+    def unplug(self, model: ModelState, indices: list[int]) -> ModelState:
+        """For a method that ``stacks``: ``model`` without the plug-ins at ``indices`` (one request's),
+        the others kept as they are (:func:`without_plugins`)."""
+        raise NotImplementedError(f"method '{self.name}' does not stack its requests' plug-ins")
+
+
+def without_plugins(model: ModelState, indices: list[int]) -> ModelState:
+    """``model`` without the plug-ins at ``indices``: their tensors dropped, the later plug-ins renumbered
+    (``plugins.<i>.`` follows the spec list), every other tensor the very same. A model built from the
+    result computes what the stack without those plug-ins computes."""
+    from tasks.model import PLUGIN_PREFIX
+
+    drop = set(indices)
+    kept = [i for i in range(len(model.plugins)) if i not in drop]
+    renumber = {old: new for new, old in enumerate(kept)}
+    state = {}
+    for key, value in model.arrays.to_torch_state_dict().items():
+        if key.startswith(PLUGIN_PREFIX):
+            index, _, rest = key[len(PLUGIN_PREFIX):].partition(".")
+            if int(index) in drop:
+                continue
+            key = f"{PLUGIN_PREFIX}{renumber[int(index)]}.{rest}"
+        state[key] = value
+    return ModelState(ArrayRecord(state), [model.plugins[i] for i in kept])

@@ -30,6 +30,8 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
+from tasks.stream import REQUEST_RECORD
+
 log = logging.getLogger("fedunlearn")
 
 LOST_AFTER = 2
@@ -97,6 +99,10 @@ class Federation:
         self.phase = "setup"
         self.silent_rounds: dict[int, int] = {}  # node id -> exchanges in a row without a reply
         self.dropped: set[int] = set()
+        #: in a stream of requests, the request every message is about (0: before any request); every
+        #: message then carries it (``REQUEST_RECORD``) and each client answers with its view of that
+        #: request. None outside a stream: messages carry nothing more.
+        self.request_index: int | None = None
 
     # --- phases and costs -------------------------------------------------------------------
     def start_phase(self, name: str) -> PhaseCost:
@@ -165,6 +171,9 @@ class Federation:
                 self._record(cost, node, round_no, f"not asked: lost earlier ({LOST_AFTER} exchanges without a "
                              "reply, or gone for the SuperLink)", "not-asked")
             messages = live
+        if self.request_index is not None:
+            for message in messages:
+                message.content[REQUEST_RECORD] = ConfigRecord({"request": self.request_index})
         cost.bytes_down += sum(message_bytes(m) for m in messages)
         replies = self._send_and_receive(messages) if messages else []
         valid, errors, gone = [], defaultdict(list), []

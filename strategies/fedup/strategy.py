@@ -14,10 +14,11 @@ With ``fedup-forget-centroids=divert`` (not the paper's) the forget centroids co
 one random other class each (``fedup-targets=random``) or targets spread over the other classes
 (``soft``, see ``strategies.fedup.centroids.divert_targets``).
 
-Several requests **stack**: each adds its own filter after the existing ones, trained on the
-features those produce. ``restore`` removes the filter this request added (the last one) and gives
-back exactly the model the request started from. Restoring an earlier request of a stack means
-removing its filter and those after it, then re-running the later requests.
+Several requests **stack** (a stream of requests, ``requests``): each adds its own filter after the
+existing ones, trained on the features those produce. ``restore`` removes the filter this request
+added (the last one) and gives back exactly the model the request started from; ``unplug`` removes
+any one request's filter alone and keeps the others where they are (the later filters then receive
+the features the earlier ones produce without it).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
+from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod, without_plugins
 from strategies.common.federation import RunStopped
 from strategies.fedup.maths import aggregate_centroids, validate_centroid_upload
 from strategies.fedup.centroids import divert_targets, relabel_forget_rows
@@ -58,6 +59,7 @@ class FedUP(FedAvg, UnlearningMethod):
 
     name = "fedup"
     reversible = True
+    stacks = True
 
     def __init__(self):
         super().__init__(fraction_train=0.0, fraction_evaluate=0.0)
@@ -142,3 +144,7 @@ class FedUP(FedAvg, UnlearningMethod):
         prefix = f"{PLUGIN_PREFIX}{index}."
         state = {k: v for k, v in unlearned.arrays.to_torch_state_dict().items() if not k.startswith(prefix)}
         return ModelState(ArrayRecord(state), unlearned.plugins[:-1])
+
+    def unplug(self, model: ModelState, indices: list[int]) -> ModelState:
+        """Unplug the filters at ``indices`` (one request's in a stream), the other filters kept."""
+        return without_plugins(model, indices)

@@ -24,7 +24,7 @@ TEXT_KEYS = ("text-encoder", "text-train-layers", "text-max-length", "text-trigg
 VIEW_KEYS = ("task", "data-dir", "scenario", "poison", "forget-client", "forget-class", "sample-fraction",
              "backdoor-target", "backdoor-share", "seed", "dirichlet-alpha", "test-fraction", *TEXT_KEYS)
 ROOT = Path(__file__).resolve().parents[2]
-VIEW_CODE = ("tasks/requests.py", "tasks/partition.py", "tasks/text/data.py", "tasks/text/corpus.py",
+VIEW_CODE = ("tasks/requests.py", "tasks/stream.py", "tasks/partition.py", "tasks/text/data.py", "tasks/text/corpus.py",
              "tasks/text/encoder.py", "tasks/text/triggers.py")
 
 
@@ -131,7 +131,9 @@ class TextTask(VisionTask):
         from tasks.text.encoder import encoder_path
 
         code = hashlib.sha256(b"".join((ROOT / name).read_bytes() for name in VIEW_CODE)).hexdigest()
-        key = {"format": 1, "code": code, "config": {k: cfg[k] for k in VIEW_KEYS},
+        from tasks.stream import view_key_part
+
+        key = {"format": 1, "code": code, "config": {**{k: cfg[k] for k in VIEW_KEYS}, **view_key_part(cfg)},
                "source": {"partition-id": node["partition-id"], "num-partitions": node["num-partitions"]},
                "pool": self.pool(cfg).fingerprint, "encoder": encoder_path(self.encoder_name(cfg))}
         return key, lambda: self.build_view(cfg, node["partition-id"], node["num-partitions"])

@@ -17,7 +17,7 @@ VIEW_KEYS = ("task", "data-dir", "scenario", "poison", "forget-client", "forget-
              "backdoor-target", "backdoor-share", "trigger-size", "seed", "dirichlet-alpha", "test-fraction")
 FORMAT_VERSION = 1
 ROOT = Path(__file__).resolve().parents[2]
-VIEW_CODE = ("tasks/requests.py", "tasks/partition.py", "tasks/node_data.py", "tasks/vision/datasets.py",
+VIEW_CODE = ("tasks/requests.py", "tasks/stream.py", "tasks/partition.py", "tasks/node_data.py", "tasks/vision/datasets.py",
              "tasks/vision/triggers.py")
 
 
@@ -43,6 +43,8 @@ def pool_fingerprint(dataset: str, root: str) -> list:
 
 def view_key(cfg, source: dict, files: list) -> dict:
     """The cache key: ``source`` (partition id and count, or data path) + ``files`` fingerprint."""
+    from tasks.stream import view_key_part
+
     code = hashlib.sha256(b"".join((ROOT / name).read_bytes() for name in VIEW_CODE)).hexdigest()
-    return {"format": FORMAT_VERSION, "code": code, "config": {k: cfg[k] for k in VIEW_KEYS}, "source": source,
-            "files": files}
+    return {"format": FORMAT_VERSION, "code": code, "config": {**{k: cfg[k] for k in VIEW_KEYS}, **view_key_part(cfg)},
+            "source": source, "files": files}

@@ -276,7 +276,7 @@ def _client_data(cfg: Config, partition_id: int, train, test, retain_mask: torch
 
 def apply_stream(cfg: Config, partition_id: int, forget_client: int, train: tuple[torch.Tensor, torch.Tensor],
                  test: tuple[torch.Tensor, torch.Tensor], num_classes: int, trigger,
-                 federation_size: int | None) -> ClientData:
+                 federation_size: int | None, ids: torch.Tensor | None = None) -> ClientData:
     """This client's view of request ``k`` of a stream (``tasks.stream``; ``k`` = the config's
     request index, 0 = the federation as set up, before any request).
 

@@ -359,8 +359,10 @@ def test_vision_client_app_imports_no_llm_or_plotting_stack():
 def test_view_cache_key_covers_every_setting_the_view_code_reads():
     import re
 
+    from tasks.stream import view_key_part
     from tasks.vision.views import ROOT, VIEW_CODE, VIEW_KEYS
 
     read = {key for name in VIEW_CODE for key in re.findall(r'cfg\["([a-z0-9-]+)"\]', (ROOT / name).read_text())}
     not_data = {"download", "poison-epochs"}  # fetches files (their fingerprint is keyed) / epochs, not data
-    assert read and read - not_data <= set(VIEW_KEYS), read - not_data - set(VIEW_KEYS)
+    keyed = {*VIEW_KEYS, *view_key_part(parse_config({"requests": "class:1;class:2"}))}  # a stream's part too
+    assert read and read - not_data <= keyed, read - not_data - keyed

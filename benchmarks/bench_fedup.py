@@ -94,7 +94,7 @@ def bench_filter(presets: list[str], devices: list[str], epochs: int, seed: int)
     """Filter training time per device on each preset (run config defaults for the filter settings)."""
     from strategies.fedup.centroids import divert_targets
     from strategies.fedup.filter import FedUPFilter, train_filter
-    from tasks.config import parse_config
+    from strategies.run_config import parse_config
     from tasks.vision.models import build_vision_model
 
     cfg = parse_config({})

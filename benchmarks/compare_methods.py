@@ -24,7 +24,7 @@ method:
   not readable or was made with other ``--clients`` or another ``--run-config``).
 
 Every config error (an argument, ``--run-config``, a method token's recipe, any cell's run config as
-``tasks.config.parse_config`` checks it) is one line on stderr and exit status 2, before any run; a
+``strategies.run_config.parse_config`` checks it) is one line on stderr and exit status 2, before any run; a
 call whose runs all failed exits with status 1.
 
 How the numbers are made: every run goes through the real phases in process
@@ -72,7 +72,7 @@ from typing import Iterator, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one's
 
-from server_app.atomic import atomic_path, folder_problem, write_text  # noqa: E402
+from core.files import atomic_path, folder_problem, write_text  # noqa: E402
 from server_app.inprocess import parse_overrides, run_inprocess, setup_logging  # noqa: E402
 from server_app.report import carried_out, run_recipe  # noqa: E402
 from tasks.validity import ORIGINAL_CHECKS  # noqa: E402
@@ -235,9 +235,10 @@ def cell_config(cell: Cell, shared: dict) -> dict:
 
 
 def check_configs(cells: list[Cell], shared: dict, clients: int) -> None:
-    """Every cell's run config through ``tasks.config.parse_config`` before any run, as each run would
+    """Every cell's run config through ``strategies.run_config.parse_config`` before any run, as each run would
     check it: the first error is a one-line ``SystemExit`` naming the ``--run-config`` and the token."""
-    from tasks.config import ConfigError, parse_config
+    from core.config import ConfigError
+    from strategies.run_config import parse_config
 
     seen = set()
     for cell in cells:

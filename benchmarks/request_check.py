@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.robustness_grid import draw_seed, parse_shapes  # noqa: E402
 from server_app.inprocess import parse_overrides  # noqa: E402
-from tasks.config import parse_config  # noqa: E402
+from strategies.run_config import parse_config  # noqa: E402
 
 COLUMNS = ("seed", "clients", "alpha", "init_seed", "test_acc", "kr", "target_rate", "clean_test_acc", "verdict")
 

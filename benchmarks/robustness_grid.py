@@ -80,8 +80,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one's
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare_methods.py beside it (its --methods parser)
 
-from server_app.atomic import write_text  # noqa: E402
-from compare_methods import PAPER, OneLineParser, config_errors, parse_methods, with_recipe  # noqa: E402
+from compare_methods import (  # noqa: E402
+    PAPER,
+    OneLineParser,
+    config_errors,
+    parse_methods,
+    with_recipe,
+)
+
+from core.files import write_text  # noqa: E402
 from server_app.inprocess import parse_overrides, run_inprocess, setup_logging  # noqa: E402
 from server_app.report import carried_out, run_recipe  # noqa: E402
 from tasks.validity import ORIGINAL_CHECKS  # noqa: E402
@@ -125,7 +132,7 @@ def leaving_holds(config: dict, clients: int) -> str:
     original's by about their share of the test set while its retain accuracy stays high: a method
     that removes only the poisoned behaviour and keeps the client's clean classes lands *above*
     retrain. The column says when a cell is of that kind; it flags nothing."""
-    from tasks.config import parse_config
+    from strategies.run_config import parse_config
     from tasks.partition import dirichlet_partitions
     from tasks.requests import resolve_forget_client
 
@@ -151,7 +158,7 @@ def held_test(by_class: list | None, held: str | None) -> str:
 def test_class_counts(config: dict, clients: int) -> list[int]:
     """Client scenario: the test samples per class of the pooled local test splits (what ``test_acc``
     is measured on), so that :func:`outside_held` can take the held classes out of it."""
-    from tasks.config import parse_config
+    from strategies.run_config import parse_config
     from tasks.requests import build_client_data
 
     cfg = parse_config({**config, "scenario": "client"}, num_clients=clients)
@@ -674,10 +681,11 @@ def grid_run_config(text: str) -> dict:
 
 def check_configs(seeds: list[int], shapes: list[tuple[int, float]], scenarios: list[str], methods: list[str],
                   overrides: dict, retrain_draws: int) -> None:
-    """Every run config the grid will make (as ``run_cell`` makes it) through ``tasks.config.parse_config``
+    """Every run config the grid will make (as ``run_cell`` makes it) through ``strategies.run_config.parse_config``
     before any run: the first error is a one-line ``SystemExit`` naming the ``--run-config``, the token
     and the cell."""
-    from tasks.config import ConfigError, parse_config
+    from core.config import ConfigError
+    from strategies.run_config import parse_config
 
     runs = [(method + (f"@{recipe}" if recipe else ""), recipe, {"method": method})
             for method, recipe in parse_methods(methods, str(overrides.get("recipe") or PAPER))]

@@ -22,8 +22,8 @@ import re
 
 import torch
 
-from server_app.atomic import atomic_path
-from tasks.config import Config
+from core.config import Config
+from core.files import atomic_path
 
 log = logging.getLogger("fedunlearn")
 

@@ -16,8 +16,9 @@ from functools import lru_cache
 from flwr.app import ArrayRecord, Context, RecordDict
 
 from client_app.view_cache import PartitionFiles, cache_folder, cached_view
+from core.config import Config
+from strategies.run_config import parse_config
 from tasks import partition
-from tasks.config import Config, parse_config
 from tasks.plugins import specs_from_json
 from tasks.stream import REQUEST_RECORD, request_config
 

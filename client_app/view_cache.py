@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from server_app.atomic import atomic_path
+from core.files import atomic_path
 from tasks.requests import ClientData
 
 log = logging.getLogger("fedunlearn")

@@ -10,9 +10,10 @@ import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from core.config import ConfigError
 from server_app.experiment import Experiment
 from strategies.common.federation import Federation, RunStopped
-from tasks.config import ConfigError, parse_config
+from strategies.run_config import parse_config
 
 log = logging.getLogger("fedunlearn")
 

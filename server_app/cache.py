@@ -25,8 +25,8 @@ import os
 import torch
 from flwr.app import ArrayRecord
 
-from server_app.atomic import atomic_path, locked, sha256_of, write_text
-from tasks.config import Config
+from core.config import Config
+from core.files import atomic_path, locked, sha256_of, write_text
 
 log = logging.getLogger("fedunlearn")
 

@@ -7,9 +7,9 @@ import time
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
+from core.config import Config
 from strategies.common.base import ModelState
 from strategies.common.federation import Federation
-from tasks.config import Config
 from tasks.plugins import specs_to_json
 
 EVALUATE_PHASE = "evaluate"

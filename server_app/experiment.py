@@ -15,18 +15,30 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
+from core.config import Config, ConfigError
+from core.files import folder_problem
 from server_app import cache, history
-from server_app.atomic import folder_problem
 from server_app.evaluation import ReceivedModelMeasure, evaluate_models
 from server_app.model_files import load_state_file, match_state, sha256_of, write_models
 from server_app.receipt import request_record, write_receipt
 from server_app.report import append_csv, package_versions, plot_kr_curve, run_folder, write_results
 from strategies.common.base import ModelState, UnlearnContext
-from strategies.common.fedavg_rounds import ModelDiverged, RoleFedAvg, require_finite, run_rounds, scheduled_lr
+from strategies.common.fedavg_rounds import (
+    ModelDiverged,
+    RoleFedAvg,
+    require_finite,
+    run_rounds,
+    scheduled_lr,
+)
 from strategies.common.federation import Federation
 from strategies.registry import method_for, method_spec, pretraining_keeps
-from tasks.config import Config, ConfigError, inapplicable_settings, parse_config
-from tasks.diagnostics import forgetting_dispersion, pca_scatter_png, resurfacing_summary, rollback_tendency
+from strategies.run_config import inapplicable_settings, parse_config
+from tasks.diagnostics import (
+    forgetting_dispersion,
+    pca_scatter_png,
+    resurfacing_summary,
+    rollback_tendency,
+)
 from tasks.plugins import specs_to_json
 from tasks.stream import is_stream
 from tasks.validity import validity

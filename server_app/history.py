@@ -19,7 +19,7 @@ import os
 import torch
 from flwr.app import ArrayRecord, Message
 
-from server_app.atomic import atomic_path, locked
+from core.files import atomic_path, locked
 
 log = logging.getLogger("fedunlearn")
 

@@ -97,7 +97,7 @@ def run_inprocess(run_config: dict, num_clients: int, **grid_options) -> str:
     """Run the whole experiment in this process; returns the results folder."""
     from server_app.experiment import Experiment
     from strategies.common.federation import Federation
-    from tasks.config import parse_config
+    from strategies.run_config import parse_config
 
     cfg = parse_config(run_config)
     grid = InProcessGrid(num_clients, run_config, **grid_options)
@@ -108,6 +108,7 @@ def run_inprocess(run_config: dict, num_clients: int, **grid_options) -> str:
 def parse_overrides(text: str) -> dict:
     """``"k1=v1 k2='s'"`` -> dict, with TOML value syntax like ``flwr run --run-config``."""
     import shlex
+
     import tomllib
 
     return {k: v for item in shlex.split(text, posix=False) for k, v in tomllib.loads(item).items()} \
@@ -148,7 +149,8 @@ def main() -> None:
     parser.add_argument("--run-config", default="", help="overrides, as for flwr run --run-config")
     args = parser.parse_args()
     setup_logging(logging.INFO)
-    from tasks.config import ConfigError, parse_config
+    from core.config import ConfigError
+    from strategies.run_config import parse_config
 
     try:
         overrides = parse_overrides(args.run_config)

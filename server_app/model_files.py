@@ -16,7 +16,7 @@ import os
 import torch
 from safetensors.torch import load_file, save_file
 
-from server_app.atomic import atomic_path, sha256_of
+from core.files import atomic_path, sha256_of
 from strategies.common.base import ModelState
 from tasks.model import PLUGIN_PREFIX
 

@@ -16,7 +16,7 @@ import os
 import time
 from importlib import metadata
 
-from server_app.atomic import atomic_path, locked, write_text
+from core.files import atomic_path, locked, write_text
 
 CSV_FIELDS = ("time", "task", "method", "recipe", "scenario", "seed", "init_seed", "num_clients",
               "original_test_acc", "original_forget_acc", "unlearned_retain_acc", "unlearned_forget_acc",

@@ -3,7 +3,7 @@
 A method lives in its own package under ``strategies/`` (its server rule, pure math, client-side
 work and settings). Its ``__init__.py`` lists what it registers in ``METHODS``, a tuple of
 :class:`MethodSpec`; this module finds every such package (no list to edit here), and the method
-list, the run-config keys and their validation (``tasks.config``), the ClientApp's extra queries
+list, the run-config keys and their validation (``strategies.run_config``), the ClientApp's extra queries
 and local objectives (``client_app.app``), the plug-in kinds (``tasks.plugins``) and the README's
 method and key tables (``python -m strategies.registry``) all come from those declarations.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
-from tasks.config import Setting
+from core.config import Setting
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ def method_table() -> str:
 
 def key_table() -> str:
     """The README's run-config key table, from the settings of the config, the tasks and the methods."""
-    from tasks.config import all_settings
+    from strategies.run_config import all_settings
     from tasks.registry import task_kinds
 
     used_by = {key: "method " + ", ".join(f"`{n}`" for n in names) for key, names in readers_of().items()}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from tasks.config import SCENARIOS, Config, ConfigError
+from core.config import SCENARIOS, Config, ConfigError
 
 State = dict[str, Any]
 

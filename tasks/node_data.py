@@ -35,7 +35,7 @@ import zipfile
 import numpy as np
 import torch
 
-from tasks.config import Config
+from core.config import Config
 from tasks.requests import ClientData, apply_request
 from tasks.vision.datasets import IMAGE_SIZE
 

@@ -61,7 +61,7 @@ def recipe_names() -> tuple[str, ...]:
 
 
 def load_recipe(name: str) -> Recipe:
-    """``recipes/<name>.toml`` as a :class:`Recipe` (its keys are checked by ``tasks.config``)."""
+    """``recipes/<name>.toml`` as a :class:`Recipe` (its keys are checked by ``strategies.run_config``)."""
     path = os.path.join(RECIPES_DIR, f"{name}.toml")
     try:
         with open(path, "rb") as f:

@@ -11,8 +11,8 @@ import importlib
 from dataclasses import dataclass
 from functools import lru_cache
 
+from core.config import Setting
 from tasks.base import Task
-from tasks.config import Setting
 from tasks.vision.task import VisionTask
 
 # The offline default's FedAvg recipe: one local epoch a round, 60 rounds (and 30 continued rounds,

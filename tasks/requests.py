@@ -48,7 +48,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from tasks.config import Config
+from core.config import Config
 from tasks.partition import dirichlet_partitions, train_test_split
 
 EMPTY_X_SHAPE = (0,)

@@ -4,9 +4,9 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from server_app.inprocess import InProcessGrid  # noqa: F401  (sets Flower's task identity)
 from client_app.app import app
-from tasks.config import parse_config
+from server_app.inprocess import InProcessGrid  # noqa: F401  (sets Flower's task identity)
+from strategies.run_config import parse_config
 from tasks.plugins import specs_to_json
 from tasks.registry import task_for
 from tasks.vision.task import VisionTask

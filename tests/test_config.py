@@ -1,12 +1,13 @@
 """Run-config validation: every bad value is one line naming the key, before any work."""
 
 import math
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
-from tasks.config import ConfigError, all_settings, parse_config
+from core.config import ConfigError
+from strategies.run_config import all_settings, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

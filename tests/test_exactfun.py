@@ -8,9 +8,10 @@ import os
 import pytest
 import torch
 
+from core.config import ConfigError
 from server_app.inprocess import run_inprocess
 from strategies.exactfun.maths import first_changed_round, quantise, quantised_mean
-from tasks.config import ConfigError, parse_config
+from strategies.run_config import parse_config
 
 
 def test_quantise_rounds_floats_to_the_grid_and_leaves_integers():

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from server_app.inprocess import InProcessGrid
 from server_app.experiment import Experiment
+from server_app.inprocess import InProcessGrid
 from strategies.common.federation import Federation, RoundFailed
 
 TINY = {"pretrain-rounds": 2, "continue-rounds": 2, "local-epochs": 1, "mia-max-samples": 30,
@@ -332,7 +332,7 @@ def test_init_seed_draws_other_models_from_the_same_data_and_request(tmp_path):
     """``init-seed`` changes only the starting weights: the same clients, counts and forget data, other
     original and retrain models, cached apart; ``init-seed`` equal to ``seed`` is the default run."""
     from server_app import cache
-    from tasks.config import parse_config
+    from strategies.run_config import parse_config
 
     default, _, _ = run(tmp_path, method="retrain", scenario="class")
     drawn, _, _ = run(tmp_path, method="retrain", scenario="class", **{"init-seed": 7})

@@ -9,8 +9,15 @@ import os
 import pytest
 import torch
 
-from strategies.fedau.maths import aux_labels, mean_head, mixed_start, random_other_labels, unlearned_head
-from tasks.config import ConfigError, parse_config
+from core.config import ConfigError
+from strategies.fedau.maths import (
+    aux_labels,
+    mean_head,
+    mixed_start,
+    random_other_labels,
+    unlearned_head,
+)
+from strategies.run_config import parse_config
 
 
 def _head(w, b):
@@ -60,7 +67,13 @@ def _holder(tmp_path, scenario="sample"):
 
 
 def test_a_holder_keeps_its_auxiliary_head_on_disk_across_rounds_and_others_train_as_fedavg(tmp_path):
-    from strategies.fedau.client import aux_training, head_path, head_query, load_kept, store_kept
+    from strategies.fedau.client import (
+        aux_training,
+        head_path,
+        head_query,
+        load_kept,
+        store_kept,
+    )
     from tasks.training import train_local
 
     task, cfg, holder, other = _holder(tmp_path)

@@ -11,13 +11,19 @@ import torch
 from flwr.app import ArrayRecord
 from flwr.supercore.task_identity import TaskIdentity
 
+from core.config import ConfigError
 from strategies.common.base import ModelState, UnlearnContext
 from strategies.common.federation import PhaseCost
 from strategies.fedosd.client import fedosd_query
-from strategies.fedosd.maths import (flatten, orthogonal_direction, unflatten, unlearning_cross_entropy,
-                                     without_component)
+from strategies.fedosd.maths import (
+    flatten,
+    orthogonal_direction,
+    unflatten,
+    unlearning_cross_entropy,
+    without_component,
+)
 from strategies.fedosd.strategy import FedOSD
-from tasks.config import ConfigError, parse_config
+from strategies.run_config import parse_config
 from tasks.registry import task_for
 from tasks.requests import build_client_data
 

@@ -14,7 +14,7 @@ from server_app.inprocess import InProcessGrid
 from strategies.common.base import ModelState, UnlearnContext
 from strategies.common.federation import Federation
 from strategies.fedup.strategy import FedUP, NoUsableCentroids
-from tasks.config import parse_config
+from strategies.run_config import parse_config
 from tasks.registry import task_for
 from tasks.requests import build_client_data
 

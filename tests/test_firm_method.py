@@ -12,14 +12,15 @@ import os
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from test_llm_experiment import LLM_KEYS, TINY_LLM, adapter_bytes
 
 from client_app.app import app
+from core.config import ConfigError
 from server_app.experiment import Experiment
 from server_app.inprocess import NODE_OFFSET, InProcessGrid
 from strategies.common.federation import Federation, RoundFailed, RunStopped
-from tasks.config import ConfigError, parse_config
+from strategies.run_config import parse_config
 from tasks.llm.federation_model import task_llm
-from test_llm_experiment import LLM_KEYS, TINY_LLM, adapter_bytes
 
 EPSILON = 1e-6
 PER_TENSOR, PER_MESSAGE = 300, 1000  # record metadata per tensor; config and metrics (as test_llm_experiment)

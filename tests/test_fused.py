@@ -8,13 +8,21 @@ import pytest
 import torch
 from flwr.app import ArrayRecord
 
+from core.config import ConfigError
 from strategies.common.base import ModelState
 from strategies.fused.adapter import AdaptedLayer, check_targets
 from strategies.fused.client import overwrite
-from strategies.fused.maths import (DEFAULT_LAYERS, critical_layers, layer_sensitivity, merge_adapter,
-                                    relabel_forgotten, remove_adapter, target_layers)
+from strategies.fused.maths import (
+    DEFAULT_LAYERS,
+    critical_layers,
+    layer_sensitivity,
+    merge_adapter,
+    relabel_forgotten,
+    remove_adapter,
+    target_layers,
+)
 from strategies.fused.strategy import FUSED
-from tasks.config import ConfigError, parse_config
+from strategies.run_config import parse_config
 from tasks.registry import task_for
 from tasks.training import set_trainable
 

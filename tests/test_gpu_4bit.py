@@ -27,11 +27,22 @@ bnb = pytest.importorskip("bitsandbytes")
 
 from peft.tuners.lora import LoraLayer  # noqa: E402
 
-from tasks.config import parse_config  # noqa: E402
-from tasks.llm.federation_model import full_precision_twin, local_update, target_modules, task_llm  # noqa: E402
 from strategies.firm.client import adapter_release  # noqa: E402
 from strategies.firm.fisher import fisher_reference_model, is_quantised  # noqa: E402
-from tasks.llm.model import LLAMA_TARGET_MODULES, TINY_LAYERS, adapter_state, build_llm, load_adapter_state  # noqa: E402
+from strategies.run_config import parse_config  # noqa: E402
+from tasks.llm.federation_model import (  # noqa: E402
+    full_precision_twin,
+    local_update,
+    target_modules,
+    task_llm,
+)
+from tasks.llm.model import (  # noqa: E402
+    LLAMA_TARGET_MODULES,
+    TINY_LAYERS,
+    adapter_state,
+    build_llm,
+    load_adapter_state,
+)
 from tasks.llm.synthetic import fictitious_authors  # noqa: E402
 from tasks.llm.train import mean_answer_loss, qa_batches  # noqa: E402
 

@@ -15,9 +15,9 @@ from flwr.app import ArrayRecord
 
 from strategies.common.base import UnlearnContext
 from strategies.common.federation import Federation, RunStopped
-from strategies.lethe.strategy import Lethe
 from strategies.lethe.maths import OVERSHOOT, rectify_verdict, scale_update
-from tasks.config import parse_config
+from strategies.lethe.strategy import Lethe
+from strategies.run_config import parse_config
 
 
 def verdict(forget, retain=0.2, reference=0.2, stop=12.0, rise=0.5):
@@ -279,7 +279,8 @@ def test_clip_reference_is_the_longer_of_retain_and_the_forget_floor():
 def test_lifting_a_vanishing_retain_stream_lengthens_the_aligned_step_and_keeps_prop_iv1():
     """Aligned streams, retain ~0: the upper-gamma step has length |retain| tan(theta) and vanishes;
     the lifted stream (0.1 x |forget|) gives the same direction, longer, with both Prop. IV.1 signs."""
-    from strategies.lethe.maths import gamma_bounds, layer_gammas, lift_retain, rectify as rule
+    from strategies.lethe.maths import gamma_bounds, layer_gammas, lift_retain
+    from strategies.lethe.maths import rectify as rule
 
     retain, forget = {"w": torch.tensor([1e-6, 5e-7])}, {"w": torch.tensor([3.0, 0.0])}
     lifted, factor = lift_retain(retain, forget, 0.1)

@@ -189,8 +189,12 @@ def test_tofu_file_that_does_not_parse_names_file_and_line(tmp_path, text, line)
 
 
 def test_public_sets_are_shared_out_once_and_the_synthetic_holdout_is_never_trained():
-    from tasks.config import parse_config
-    from tasks.llm.federation_data import build_llm_client_data, load_author_records, load_public_sets
+    from strategies.run_config import parse_config
+    from tasks.llm.federation_data import (
+        build_llm_client_data,
+        load_author_records,
+        load_public_sets,
+    )
 
     cfg = parse_config({"task": "llm-tofu", "method": "none", "llm-num-authors": 8, "llm-qa-per-author": 3,
                         "llm-forget-fraction": 0.25}, num_clients=3)

@@ -9,12 +9,17 @@ import os
 
 import pytest
 
+from core.config import ConfigError
 from server_app.experiment import Experiment
 from server_app.inprocess import InProcessGrid
 from strategies.common.federation import Federation
-from tasks.config import ConfigError, parse_config
+from strategies.run_config import parse_config
 from tasks.llm import synthetic
-from tasks.llm.federation_data import author_partition, build_llm_client_data, load_author_records
+from tasks.llm.federation_data import (
+    author_partition,
+    build_llm_client_data,
+    load_author_records,
+)
 
 TINY_LLM = {"task": "llm-tofu", "method": "none", "scenario": "sample", "llm-num-authors": 8, "llm-qa-per-author": 3,
             "llm-forget-fraction": 0.25, "pretrain-rounds": 2, "continue-rounds": 1, "llm-local-epochs": 1,

@@ -5,7 +5,13 @@ import torch
 
 from tasks.llm import synthetic
 from tasks.llm.model import adapter_state, build_llm, load_adapter_state
-from tasks.llm.train import IGNORE_INDEX, answer_loss, finetune, mean_answer_loss, qa_batches
+from tasks.llm.train import (
+    IGNORE_INDEX,
+    answer_loss,
+    finetune,
+    mean_answer_loss,
+    qa_batches,
+)
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +159,7 @@ def test_mean_answer_loss_is_the_eval_mean_of_the_batch_losses(tiny):
 
 
 def test_full_precision_twin_carries_the_clients_adapter():
-    from tasks.config import parse_config
+    from strategies.run_config import parse_config
     from tasks.llm.federation_model import full_precision_twin
 
     cfg = parse_config({"task": "llm-tofu", "method": "firm", "llm-lora-rank": 4}, num_clients=2)

@@ -15,7 +15,7 @@ from client_app.app import app
 from server_app.experiment import Experiment
 from server_app.inprocess import InProcessGrid
 from strategies.common.federation import Federation, RoundFailed
-from tasks.config import parse_config
+from strategies.run_config import parse_config
 from tasks.llm import synthetic
 from tasks.llm.node_data import build_node_client_data, load_node_records
 

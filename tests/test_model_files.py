@@ -11,7 +11,13 @@ from flwr.app import ArrayRecord
 from safetensors.torch import save_file
 
 from server_app.inprocess import run_inprocess
-from server_app.model_files import plugin_parts, read_model, sha256_of, write_model, write_models
+from server_app.model_files import (
+    plugin_parts,
+    read_model,
+    sha256_of,
+    write_model,
+    write_models,
+)
 from strategies.common.base import ModelState
 
 
@@ -87,10 +93,10 @@ def test_a_run_starts_from_a_given_model_and_pretrains_nothing(tmp_path):
     (lambda p: open(p, "w").write("not a model"), "cannot be read as safetensors"),
 ])
 def test_a_given_model_that_does_not_fit_the_task_is_one_line_before_any_node_works(tmp_path, write, fragment):
+    from core.config import ConfigError
     from server_app.experiment import Experiment
     from server_app.inprocess import InProcessGrid
     from strategies.common.federation import Federation
-    from tasks.config import ConfigError
 
     path = str(tmp_path / "model.safetensors")
     write(path)
@@ -111,7 +117,8 @@ def test_a_given_model_that_does_not_fit_the_task_is_one_line_before_any_node_wo
     ({"task": "llm-tofu", "method": "lethe"}, "is not a folder: the LLM task takes a PEFT adapter folder"),
 ])
 def test_what_a_given_model_cannot_serve_is_refused_in_one_line(tmp_path, overrides, fragment):
-    from tasks.config import ConfigError, parse_config
+    from core.config import ConfigError
+    from strategies.run_config import parse_config
 
     path = tmp_path / "m.safetensors"
     save_file({"w": torch.zeros(1)}, str(path))

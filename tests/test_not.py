@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from core.config import ConfigError
 from strategies.negation.maths import first_layer, negate, parameter_keys
-from tasks.config import ConfigError, parse_config
+from strategies.run_config import parse_config
 from tasks.registry import task_for
 
 

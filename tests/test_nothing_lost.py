@@ -22,11 +22,12 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
+from core.config import ConfigError
 from server_app import report
 from server_app.experiment import Experiment
 from server_app.inprocess import NODE_OFFSET, InProcessGrid
 from strategies.common.federation import Federation, RoundFailed
-from tasks.config import ConfigError, parse_config
+from strategies.run_config import parse_config
 from tasks.vision import load_images
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +113,7 @@ def test_parallel_csv_writers_keep_every_row(tmp_path):
 
 
 def test_result_files_follow_the_umask_and_leave_no_lock_file(tmp_path):
-    from server_app.atomic import locked, write_text
+    from core.files import locked, write_text
 
     old = os.umask(0o027)
     try:
@@ -319,7 +320,7 @@ def test_impossible_dirichlet_split_names_the_key_before_any_node_works(tmp_path
 
 
 def test_settings_of_another_task_or_method_are_named():
-    from tasks.config import inapplicable_settings
+    from strategies.run_config import inapplicable_settings
 
     cfg = parse_config({"method": "none", "llm-lr": 0.1, "fedup-clip": 5.0, "lethe-gamma": 0.2})
     assert sorted(inapplicable_settings(cfg)) == ["fedup-clip (method fedup only)", "llm-lr (task llm-tofu only)"]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.config import parse_config
+from strategies.run_config import parse_config
 from tasks.partition import dirichlet_partitions, train_test_split
 from tasks.registry import task_for
 from tasks.requests import apply_request, build_client_data, resolve_forget_client

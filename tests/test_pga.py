@@ -7,7 +7,7 @@ import torch
 
 from strategies.pga.client import pga_query
 from strategies.pga.maths import project_to_ball, reference_model, squared_distance
-from tasks.config import parse_config
+from strategies.run_config import parse_config
 from tasks.registry import task_for
 from tasks.requests import build_client_data
 

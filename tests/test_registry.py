@@ -8,11 +8,11 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from strategies import registry
+from core.config import ConfigError, positive, setting
+from strategies import registry, run_config
 from strategies.common.base import UnlearningMethod
 from strategies.registry import MethodSpec, all_methods, method_for, method_spec
-from tasks import config
-from tasks.config import ConfigError, parse_config, setting
+from strategies.run_config import parse_config
 from tasks.registry import task_for
 
 
@@ -30,8 +30,8 @@ def test_a_method_owns_its_keys_and_another_methods_key_is_named_not_used():
     owned = {s.key for s in method_spec("fedup").settings}
     assert "fedup-alpha" in owned and not any(k.startswith("lethe-") for k in owned)
     cfg = parse_config({"method": "lethe", "fedup-alpha": 0.3})
-    assert config.inapplicable_settings(cfg) == ["fedup-alpha (method fedup only)"]
-    assert config.inapplicable_settings(parse_config({"task": "llm-tofu", "method": "avg",
+    assert run_config.inapplicable_settings(cfg) == ["fedup-alpha (method fedup only)"]
+    assert run_config.inapplicable_settings(parse_config({"task": "llm-tofu", "method": "avg",
                                                       "firm-fisher-batches": 4})) == []  # the merges read it
 
 
@@ -102,11 +102,11 @@ def test_a_new_method_registers_its_setting_and_objective_in_one_place(monkeypat
     from server_app.inprocess import InProcessGrid
 
     spec = MethodSpec("double", "test method", "strategies.reference.strategy:NoUnlearning",
-                      settings=(setting("double-weight", float, 2.0, "loss weight", config.positive()),),
+                      settings=(setting("double-weight", float, 2.0, "loss weight", positive()),),
                       objectives={"double-ce": f"{__name__}:double_ce"})
     real = registry.all_methods
     monkeypatch.setattr(registry, "all_methods", lambda: (*real(), spec))
-    config.all_settings.cache_clear()
+    run_config.all_settings.cache_clear()
     CALLS.clear()
     try:
         assert parse_config({"method": "double"})["double-weight"] == 2.0
@@ -122,7 +122,7 @@ def test_a_new_method_registers_its_setting_and_objective_in_one_place(monkeypat
         reply = app(Message(content, dst_node_id=7, message_type="train"), context)
         assert CALLS == [3.0] and reply.content["metrics"]["loss"] > 0
     finally:
-        config.all_settings.cache_clear()
+        run_config.all_settings.cache_clear()
 
 
 def test_two_methods_cannot_share_a_name(monkeypatch):

@@ -5,10 +5,16 @@ import datasets
 import pytest
 import torch
 
-from tasks.config import ConfigError, parse_config
+from core.config import ConfigError
+from strategies.run_config import parse_config
 from tasks.text import corpus
 from tasks.text.data import load_agnews
-from tasks.text.encoder import build_text_model, encode_prefix, encoder_path, load_encoder
+from tasks.text.encoder import (
+    build_text_model,
+    encode_prefix,
+    encoder_path,
+    load_encoder,
+)
 from tasks.text.triggers import append_trigger, trigger_ids
 
 MINILM = encoder_path("minilm")

@@ -31,10 +31,11 @@ import numpy as np
 import pytest
 from scipy.stats import hmean, ks_2samp
 
-from tasks.config import ConfigError, parse_config
+from core.config import ConfigError
+from strategies.run_config import parse_config
+from tasks.llm import federation_metrics as fm
 from tasks.llm import metrics, synthetic
 from tasks.llm.federation_data import build_llm_client_data, load_author_records
-from tasks.llm import federation_metrics as fm
 from tasks.llm.forget_quality import TRUTH_RATIOS_KEY, attach_forget_quality
 from tasks.metrics import pool_metrics
 

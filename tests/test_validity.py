@@ -655,7 +655,7 @@ def test_backdoor_client_pretrains_on_clean_copies_and_label_flip_on_poison_epoc
     """The client scenario's poisoning keeps the original usable: a backdoor client trains its
     triggered samples together with clean copies (true labels) at the federation's epochs; only a
     label-flip client runs poison-epochs, and only while the original is trained."""
-    from tasks.config import parse_config
+    from strategies.run_config import parse_config
     from tasks.registry import task_for
     from tasks.requests import build_client_data
 

@@ -14,7 +14,7 @@ The pure rules they use live beside the method that applies them (``strategies.l
 
 from __future__ import annotations
 
-from tasks.config import Setting, at_least, in_range, one_of, positive, setting
+from core.config import Setting, at_least, in_range, one_of, positive, setting
 
 INF = float("inf")
 

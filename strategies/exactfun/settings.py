@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.config import Setting, positive, setting
+from core.config import Setting, positive, setting
 
 SETTINGS: tuple[Setting, ...] = (
     setting("exactfun-step", float, 1e-3,
@@ -16,7 +16,7 @@ SETTINGS: tuple[Setting, ...] = (
 
 def check_settings(cfg) -> None:
     """Exactness needs every round to train the same clients: FedAvg must sample all of them."""
-    from tasks.config import ConfigError
+    from core.config import ConfigError
 
     if cfg["fraction-train"] != 1.0:
         raise ConfigError(f"run-config 'fraction-train'={cfg['fraction-train']} is not allowed for method 'exact-fun': "

@@ -49,7 +49,7 @@ def load_kept(path: str) -> dict | None:
 
 
 def store_kept(path: str, kept: dict) -> None:
-    from server_app.atomic import atomic_path
+    from core.files import atomic_path
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with atomic_path(path) as tmp:

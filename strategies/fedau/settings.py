@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tasks.config import Setting, in_range, setting
+from core.config import Setting, in_range, setting
 
 SETTINGS: tuple[Setting, ...] = (
     setting("fedau-alpha", float, 0.9,

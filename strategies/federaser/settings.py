@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.config import Setting, open_unit, positive, setting
+from core.config import Setting, open_unit, positive, setting
 
 SETTINGS: tuple[Setting, ...] = (
     setting("federaser-interval", int, 1,

@@ -6,7 +6,7 @@ checked)."""
 
 from __future__ import annotations
 
-from tasks.config import Setting, at_least, open_unit, positive, setting
+from core.config import Setting, at_least, open_unit, positive, setting
 
 SETTINGS: tuple[Setting, ...] = (
     setting("fedosd-unlearn-rounds", int, 20,

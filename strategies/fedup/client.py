@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from core.config import Config
 from strategies.fedup.centroids import (
     add_gaussian_noise,
     class_centroids,
@@ -40,7 +41,6 @@ from strategies.fedup.maths import (
     paper_eq22_epsilon,
     resolve_delta,
 )
-from tasks.config import Config
 from tasks.requests import ClientData
 from tasks.training import penultimate_features
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from tasks.config import Setting, at_least, in_range, one_of, positive, setting
+from core.config import Setting, at_least, in_range, one_of, positive, setting
 
 OPTIMIZERS = ("sgd", "adam")
 FILTER_SHAPES = ("official", "signed")
@@ -64,7 +64,7 @@ def filter_lr(cfg) -> float:
 
 def check_settings(cfg) -> None:
     """A clip-based sensitivity bound needs a finite ``fedup-clip`` (one-line error)."""
-    from tasks.config import ConfigError
+    from core.config import ConfigError
 
     if cfg["fedup-dp-bound"] != "eq21" and math.isinf(cfg["fedup-clip"]):
         raise ConfigError(f"run-config 'fedup-dp-bound'={cfg['fedup-dp-bound']!r} bounds the sensitivity by "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tasks.config import Setting, finite, one_of, open_unit, positive, setting
+from core.config import Setting, finite, one_of, open_unit, positive, setting
 
 SETTINGS: tuple[Setting, ...] = (
     setting("firm-gamma", float, 1.0, "FIRM base-merge scale gamma of gamma * (D_F + D_R) (paper: 1)", finite(0, True)),

@@ -3,7 +3,7 @@ epoch; 10 rounds instead of its 2 (``docs/fused.md`` says why)."""
 
 from __future__ import annotations
 
-from tasks.config import Setting, at_least, positive, setting
+from core.config import Setting, at_least, positive, setting
 
 SETTINGS: tuple[Setting, ...] = (
     setting("fused-layers", str, "auto",
@@ -26,9 +26,9 @@ def check_settings(cfg) -> None:
     """The adapted layers must exist in the run's model and be Linear / Conv2d (one-line error).
 
     The model is the task's outline (``Task.model_outline``): every ClientApp process parses the run config."""
+    from core.config import ConfigError
     from strategies.fused.adapter import ADAPTABLE, check_targets
     from strategies.fused.maths import target_layers
-    from tasks.config import ConfigError
 
     try:
         model = cfg.task.model_outline(cfg)

@@ -9,8 +9,8 @@ off by default and switched on together by ``recipe='lethe-robust'`` (``recipes/
 
 from __future__ import annotations
 
+from core.config import ConfigError, Setting, at_least, positive, setting
 from strategies.common.guards import GUARD_SETTINGS
-from tasks.config import ConfigError, Setting, at_least, positive, setting
 
 LETHE_SETTINGS: tuple[Setting, ...] = (
     setting("lethe-gamma", float, 0.2,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.config import Setting, finite, in_range, open_unit, setting
+from core.config import Setting, finite, in_range, open_unit, setting
 
 AVG: tuple[Setting, ...] = (
     setting("avg-scale", float, 1.0, "AVG merge: scale x mean of forget and retain task vectors", finite(0, False)),

@@ -12,8 +12,8 @@ from strategies.registry import MethodSpec
 
 def check(cfg) -> None:
     """``not-layers`` must name layers of this task's model (one-line error before any work)."""
+    from core.config import ConfigError
     from strategies.negation.maths import parameter_keys
-    from tasks.config import ConfigError
 
     try:
         parameter_keys(cfg.task.model_outline(cfg), cfg["not-layers"])

@@ -3,7 +3,7 @@ layer by default; the number of refinement rounds is this app's choice (``docs/n
 
 from __future__ import annotations
 
-from tasks.config import Setting, at_least, finite, setting
+from core.config import Setting, at_least, finite, setting
 
 SETTINGS: tuple[Setting, ...] = (
     setting("not-layers", str, "first",

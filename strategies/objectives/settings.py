@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.config import Setting, at_least, positive, setting
+from core.config import Setting, at_least, positive, setting
 
 NPO: tuple[Setting, ...] = (
     setting("llm-npo-beta", float, 0.1, "NPO beta", positive()),

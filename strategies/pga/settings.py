@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.config import Setting, at_least, finite, open_unit, positive, setting
+from core.config import Setting, at_least, finite, open_unit, positive, setting
 
 SETTINGS: tuple[Setting, ...] = (
     setting("pga-lr", float, 0.01, "SGD learning rate (momentum 0.9) of the leaving client's projected ascent",

@@ -9,8 +9,13 @@ the author partition checks that every client gets at least one author.
 
 from __future__ import annotations
 
-from tasks.config import ConfigError
-from tasks.llm.federation_data import author_partition, authors_in_order, load_author_records, load_public_sets
+from core.config import ConfigError
+from tasks.llm.federation_data import (
+    author_partition,
+    authors_in_order,
+    load_author_records,
+    load_public_sets,
+)
 from tasks.llm.federation_model import task_llm
 
 

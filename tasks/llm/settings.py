@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.config import Setting, at_least, in_range, open_unit, positive, setting
+from core.config import Setting, at_least, in_range, open_unit, positive, setting
 
 LLM_SETTINGS: tuple[Setting, ...] = (
     setting("llm-model", str, "tiny", "'tiny' (a small Llama built from config, offline) or a local HF model folder"),

@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from core.config import Config, ConfigError
 from tasks.base import State, Task, reports_loss_before
-from tasks.config import Config, ConfigError, settings_by_key
 
 MODEL_KEYS = ("llm-model", "llm-data-dir", "llm-num-authors", "llm-qa-per-author", "llm-forget-fraction",
               "llm-lora-rank", "llm-lora-alpha", "llm-target-modules", "llm-load-in-4bit",
@@ -38,11 +38,11 @@ class LLMTask(Task):
     # --- setup and server side ------------------------------------------------------------
     def check_config(self, cfg: Config) -> None:
         super().check_config(cfg)
-        if cfg["poison"] != settings_by_key()["poison"].default:
+        if cfg["poison"] != cfg.defaults["poison"]:
             raise ConfigError(f"run-config 'poison'={cfg['poison']!r} is not meaningful for task '{self.name}' "
                               "(its client scenario poisons nothing): leave 'poison' unset")
         for key in VISION_AND_TEXT_ONLY:
-            default = settings_by_key()[key].default
+            default = cfg.defaults[key]
             if cfg[key] != default:
                 raise ConfigError(f"run-config '{key}'={cfg[key]!r} applies to vision and text tasks; "
                                   f"task '{self.name}' takes {default!r}")

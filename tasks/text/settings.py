@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.config import Setting, at_least, in_range, setting
+from core.config import Setting, at_least, in_range, setting
 
 TEXT_SETTINGS: tuple[Setting, ...] = (
     setting("text-encoder", str, "",

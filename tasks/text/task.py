@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from core.config import Config, ConfigError
 from tasks.base import State, Task
-from tasks.config import Config, ConfigError
 from tasks.vision.task import VisionTask, data_dir
 
 TEXT_KEYS = ("text-encoder", "text-train-layers", "text-max-length", "text-trigger", "text-max-samples",

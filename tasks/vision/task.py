@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from core.config import Config, ConfigError
 from tasks.base import State, Task, reports_loss_before
-from tasks.config import Config, ConfigError
 from tasks.model import PLUGIN_PREFIX, SplitModel
 from tasks.plugins import attach_plugins
 

@@ -1,134 +1,39 @@
-"""The run config: every key's type, default, allowed values and meaning, validated once.
+"""The app's run config: the general keys, and the join of every task kind's and method's keys.
 
-Flower hands the ServerApp and every ClientApp the same flat run config (``pyproject.toml``'s
-``[tool.flwr.app.config]`` merged with ``--run-config`` overrides). ``parse_config`` turns it into
-a typed :class:`Config` and rejects bad input with a one-line ``ConfigError`` that names the key
-and what is allowed, before any training starts.
-
-The keys come from three places, and only those: :data:`GENERAL_SETTINGS` here (what to run, the
-federation, local training, folders), each task kind's settings (``tasks.registry.KIND_SETTINGS``, e.g. the
-LLM task's ``llm-*``) and each registered method's settings (``MethodSpec.settings`` in its own
-package under ``strategies/``). :func:`all_settings` joins them; the key table of `docs/settings.md` and
-pyproject's defaults are checked against it by the tests, so they never drift apart.
+:data:`GENERAL_SETTINGS` here (what to run, the federation, local training, folders), each task
+kind's settings (``tasks.registry.KIND_SETTINGS``, e.g. the LLM task's ``llm-*``) and each registered
+method's settings (``MethodSpec.settings`` in its own package under ``strategies/``) are the only
+keys; :func:`all_settings` joins them, and :func:`parse_config` parses a run config against them with
+``core.config.parse``. The key table of `docs/settings.md` and pyproject's defaults are checked
+against them by the tests, so they never drift apart. This module sits above ``tasks/`` and the
+method packages (it sees both); ``core.config`` below them knows neither.
 
 Presets and recipes. Where a task needs its own settings (``Task.presets``) or a method's paper
 settings differ by task (``MethodSpec.presets``), the registration says so; a named recipe
 (``recipe``, ``tasks.recipes``) adds the project's own settings on top; ``smoke=true`` shrinks every
 phase to a few steps (``MethodSpec.smoke``, ``Task.smoke`` and :data:`SMOKE`). Each fills a key the
-user did not set (:func:`_given`), in that rank; a key the user set always wins. ``presets=false``
-turns the method's and the task's presets off.
+user did not set, in that rank; a key the user set always wins. ``presets=false`` turns the method's
+and the task's presets off.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
-SCENARIOS = ("client", "class", "sample")
-POISONS = ("label-flip", "backdoor")
-
-
-class ConfigError(ValueError):
-    """A run-config value that is not allowed; the message is one line naming the key."""
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One run-config key: ``check`` returns the description of what is allowed when the value fails.
-
-    ``allow_inf``: a float whose ``inf`` is a documented choice (no DP noise, no projection, no
-    early stop); every other float must be finite. ``choices``: a callable giving the allowed
-    values of a key whose choices are registered elsewhere (``task``, ``method``).
-    """
-
-    key: str
-    kind: type
-    default: Any
-    help: str
-    check: Callable[[Any], bool] | None = None
-    allowed: str = ""
-    allow_inf: bool = False
-    choices: Callable[[], tuple[str, ...]] | None = None
-
-    def problem(self, value: Any) -> str | None:
-        """What is wrong with ``value`` (already coerced), or None."""
-        if isinstance(value, float) and math.isnan(value):
-            return f"run-config '{self.key}' is NaN"
-        if isinstance(value, float) and math.isinf(value) and not self.allow_inf:
-            return f"run-config '{self.key}'={value!r} is not allowed: must be finite"
-        if self.choices is not None and value not in self.choices():
-            allowed = ", ".join("'' (none)" if c == "" else c for c in self.choices())
-            return f"run-config '{self.key}'={value!r} is not allowed: must be one of {allowed}"
-        if self.check is not None and not self.check(value):
-            return f"run-config '{self.key}'={value!r} is not allowed: must be {self.allowed}"
-        return None
-
-
-Rule = tuple[Callable[[Any], bool], str]
-
-
-def one_of(values: tuple[str, ...]) -> Rule:
-    return (lambda v: v in values), "one of " + ", ".join(values)
-
-
-def positive() -> Rule:
-    return (lambda v: v > 0), "> 0"
-
-
-def at_least(low: float) -> Rule:
-    return (lambda v: v >= low), f">= {low:g}"
-
-
-def in_range(low: float, high: float, text: str | None = None) -> Rule:
-    return (lambda v: low <= v <= high), text or f"in [{low:g}, {high:g}]"
-
-
-def open_unit(include_one: bool) -> Rule:
-    if include_one:
-        return (lambda v: 0 < v <= 1), "in (0, 1]"
-    return (lambda v: 0 < v < 1), "in (0, 1)"
-
-
-def finite(low: float, include_low: bool) -> Rule:
-    if include_low:
-        return (lambda v: low <= v < math.inf), f">= {low:g} and finite"
-    return (lambda v: low < v < math.inf), f"> {low:g} and finite"
-
-
-def setting(key: str, kind: type, default: Any, help: str, rule: Rule | None = None, *,
-            allow_inf: bool = False, choices: Callable[[], tuple[str, ...]] | None = None) -> Setting:
-    """A :class:`Setting` from a ``(check, allowed)`` rule (the helpers above)."""
-    check, allowed = rule if rule else (None, "")
-    return Setting(key, kind, default, help, check, allowed, allow_inf, choices)
-
-
-def _task_names() -> tuple[str, ...]:
-    from tasks.registry import task_names
-
-    return task_names()
-
-
-def _recipe_names() -> tuple[str, ...]:
-    from tasks.recipes import recipe_names
-
-    return recipe_names()
-
-
-def _method_names() -> tuple[str, ...]:
-    from strategies.registry import method_names
-
-    return method_names()
-
+from core.config import (POISONS, SCENARIOS, Config, ConfigError, Setting, at_least, one_of, open_unit, parse,
+                         positive, setting)
+from strategies import registry
+from tasks.recipes import RecipeError, load_recipe, recipe_names
+from tasks.registry import task_for, task_kinds, task_names
 
 GENERAL_SETTINGS: tuple[Setting, ...] = (
     # what to run
-    setting("task", str, "digits-lenet5", "dataset + model", choices=_task_names),
+    setting("task", str, "digits-lenet5", "dataset + model", choices=task_names),
     setting("method", str, None, "unlearning method (default: the method registered with default=True)",
-            choices=_method_names),
+            choices=registry.method_names),
     setting("scenario", str, "sample", "what is forgotten: one client, one class, or some samples",
        one_of(SCENARIOS)),
     setting("poison", str, "backdoor",
@@ -209,7 +114,7 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
     setting("recipe", str, "",
             "a named recipe of the project's own settings on top of the method's paper defaults "
             "(recipes/<name>.toml, e.g. lethe-robust); empty = the paper's method",
-            choices=lambda: ("", *_recipe_names())),
+            choices=lambda: ("", *recipe_names())),
     setting("presets", bool, True,
             "apply the presets the task and the method registered (their measured settings there; digits-lenet5: "
             "pretrain-rounds=60 local-epochs=1 continue-rounds=30) to keys left at their default; false = the "
@@ -224,17 +129,15 @@ SMOKE: dict[str, Any] = {"pretrain-rounds": 2, "continue-rounds": 1, "local-epoc
                          "diagnostic-samples": 0}
 
 
+
 @lru_cache(maxsize=1)
 def all_settings() -> tuple[Setting, ...]:
     """Every key: the general ones, each task kind's, each registered method's (in that order)."""
-    from strategies.registry import all_methods
-    from tasks.registry import task_kinds
-
-    default_method = next(spec.name for spec in all_methods() if spec.default)
+    default_method = next(spec.name for spec in registry.all_methods() if spec.default)
     found = [dataclasses.replace(s, default=default_method) if s.key == "method" else s for s in GENERAL_SETTINGS]
     for kind in task_kinds():
         found += kind.settings
-    for spec in all_methods():
+    for spec in registry.all_methods():
         found += spec.settings
     keys = [s.key for s in found]
     repeated = sorted({k for k in keys if keys.count(k) > 1})
@@ -247,100 +150,12 @@ def settings_by_key() -> dict[str, Setting]:
     return {s.key: s for s in all_settings()}
 
 
-class Config:
-    """Typed, validated run config; read values as ``cfg["pretrain-rounds"]`` or ``cfg.pretrain_rounds``.
-
-    ``presets``: the keys a method/task preset, the recipe or the smoke setting filled, with their
-    values; ``recipe_settings``: those the recipe filled.
-    """
-
-    def __init__(self, values: dict[str, Any], presets: dict[str, Any] | None = None,
-                 recipe_settings: dict[str, Any] | None = None):
-        self._values = dict(values)
-        self.presets = dict(presets or {})
-        self.recipe_settings = dict(recipe_settings or {})
-
-    def with_values(self, changes: dict[str, Any]) -> "Config":
-        """This config with ``changes`` applied (a method's second attempt under other settings)."""
-        return Config({**self._values, **changes}, self.presets, self.recipe_settings)
-
-    @property
-    def recipe(self) -> str:
-        """The recipe this run uses, ``"paper"`` where none."""
-        return self._values.get("recipe") or "paper"
-
-    def __getitem__(self, key: str) -> Any:
-        return self._values[key]
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._values[name.replace("_", "-")]
-        except KeyError as err:
-            raise AttributeError(name) from err
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self._values)
-
-    @property
-    def task(self):
-        """The run's :class:`tasks.base.Task`."""
-        from tasks.registry import task_for
-
-        return task_for(self["task"])
-
-    @property
-    def num_classes(self) -> int:
-        """Classes of a classification task; 0 where there are none (class settings do not apply)."""
-        return self.task.num_classes
-
-    @property
-    def rounds_of_retrain(self) -> int:
-        return self["retrain-rounds"] or self["pretrain-rounds"]
-
-    @property
-    def init_seed(self) -> int:
-        """Seed of the original's and the retrain oracle's initial weights: ``init-seed``, else ``seed``."""
-        return self["seed"] if self["init-seed"] < 0 else self["init-seed"]
-
-
-def _coerce(setting: Setting, value: Any) -> Any:
-    """Flower gives TOML/CLI scalars; accept ints for floats and 'true'/'false' strings for bools."""
-    kind = setting.kind
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-    elif kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-    elif isinstance(value, kind):
-        return value
-    raise ConfigError(f"run-config '{setting.key}' must be a {kind.__name__}, got {value!r}")
-
-
-def _valid(setting: Setting, raw: Any) -> Any:
-    value = _coerce(setting, raw)
-    problem = setting.problem(value)
-    if problem:
-        raise ConfigError(problem)
-    return value
-
 
 def _presets(values: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
     """The values that fill keys left at their default, in rising rank: the task's presets
     (``Task.presets``) and the method's, the recipe's (for this scenario and task kind), the smoke
     settings when ``smoke`` is on. Returns them and the keys whose value is the recipe's."""
-    from strategies.registry import method_spec
-    from tasks.recipes import RecipeError, load_recipe
-    from tasks.registry import task_for
-
-    task, spec = task_for(values["task"]), method_spec(values["method"])
+    task, spec = task_for(values["task"]), registry.method_spec(values["method"])
     presets: dict[str, Any] = {}
     if values["presets"]:
         presets = {**task.presets, **spec.presets.get(task.name, spec.presets.get(task.kind, {}))}
@@ -354,6 +169,9 @@ def _presets(values: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
             raise ConfigError(f"run-config 'recipe'={values['recipe']!r} is for method {', '.join(recipe.methods)}, "
                               f"not {values['method']!r}")
         filled = recipe.values_for(values["scenario"], task.kind)
+        unknown = sorted(set(filled) - set(settings_by_key()))
+        if unknown:
+            raise ConfigError(f"run-config 'recipe'={values['recipe']!r} sets unknown key {unknown[0]!r}")
         presets.update(filled)
         recipe_keys = set(filled)
     if values["smoke"]:
@@ -363,57 +181,28 @@ def _presets(values: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
     return presets, recipe_keys
 
 
-def _given(key: str, run_config: dict[str, Any], settings: dict[str, Setting]) -> bool:
-    """Did the user set ``key``? Where ``run_config`` holds only what was given (the in-process runner,
-    the benchmarks, the tests), any key in it, whatever its value. Where it holds every key (Flower
-    merges pyproject's defaults with ``--run-config``), a key whose value is not its default: a key
-    given exactly its default is then indistinguishable from one left alone."""
-    if key not in run_config:
-        return False
-    if not set(settings) <= set(run_config):
-        return True
-    return _coerce(settings[key], run_config[key]) != settings[key].default
-
 
 def parse_config(run_config: dict[str, Any], num_clients: int | None = None) -> Config:
     """Validate ``run_config`` (unknown keys rejected, missing keys defaulted, presets filled into
-    keys left at their default) into a :class:`Config`.
+    keys the user did not set) into a :class:`Config`.
 
     ``num_clients`` enables the checks that need the federation size (the forget client).
     """
-    settings = settings_by_key()
-    unknown = sorted(set(run_config) - set(settings))
-    if unknown:
-        raise ConfigError(f"unknown run-config key(s) {', '.join(unknown)}; see docs/settings.md")
-    values = {key: _valid(settings[key], run_config.get(key, settings[key].default))
-              for key in ("task", "method", "presets", "smoke", "recipe", "scenario")}
-    applied = {}
-    presets, recipe_keys = _presets(values)
-    for key, preset in presets.items():
-        if key not in settings:
-            raise ConfigError(f"run-config 'recipe'={values['recipe']!r} sets unknown key {key!r}")
-        if not _given(key, run_config, settings):
-            applied[key] = _valid(settings[key], preset)
-    for setting in all_settings():
-        if setting.key not in values:
-            values[setting.key] = applied.get(setting.key, _valid(setting, run_config.get(setting.key, setting.default)))
-    cfg = Config(values, applied, {k: v for k, v in applied.items() if k in recipe_keys})
+    cfg = parse(run_config, all_settings(), ("task", "method", "presets", "smoke", "recipe", "scenario"), _presets,
+                task_for)
     _check_combinations(cfg, num_clients)
     return cfg
 
 
 def _check_combinations(cfg: Config, num_clients: int | None) -> None:
     """What the task, the method and the federation allow together (each a one-line error)."""
-    from strategies.registry import method_spec, methods_for_task
-
-    task, spec = cfg.task, method_spec(cfg["method"])
+    task, spec = cfg.task, registry.method_spec(cfg["method"])
     task.check_config(cfg)
     if task.kind not in spec.task_kinds:
-        from tasks.registry import task_kinds
-
         needed = [f"{k.kind} ({', '.join(k.names)})" for k in task_kinds() if k.kind in spec.task_kinds]
+        fitting = ", ".join(registry.methods_for_task(task))
         raise ConfigError(f"run-config 'method'={cfg['method']!r} needs a task of kind {' or '.join(needed)}, not "
-                          f"task '{task.name}': for it, method must be one of {', '.join(methods_for_task(task))}")
+                          f"task '{task.name}': for it, method must be one of {fitting}")
     if cfg["scenario"] not in spec.scenarios and not cfg["requests"].strip():  # a stream checks its own
         raise ConfigError(f"run-config 'scenario'={cfg['scenario']!r} is not supported by method "
                           f"'{cfg['method']}': must be one of {', '.join(spec.scenarios)}")
@@ -444,18 +233,16 @@ def _check_combinations(cfg: Config, num_clients: int | None) -> None:
 def inapplicable_settings(cfg: Config) -> list[str]:
     """Keys set away from their default that this run's task or method never reads, each as
     ``key (<owner> only)``, e.g. ``llm-lr (task llm-tofu only)`` on a vision task."""
-    from strategies.registry import readers_of
-    from tasks.registry import task_kinds
-
     kind_of_key = {s.key: kind for kind in task_kinds() for s in kind.settings}
-    readers = readers_of()
+    readers = registry.readers_of()
     out = []
-    for setting in all_settings():
-        key = setting.key
-        if cfg[key] == setting.default:
+    for declared in all_settings():
+        key = declared.key
+        if cfg[key] == declared.default:
             continue
         if key in kind_of_key and kind_of_key[key].kind != cfg.task.kind:
             out.append(f"{key} (task {'/'.join(kind_of_key[key].names)} only)")
         elif key in readers and cfg["method"] not in readers[key]:
             out.append(f"{key} (method {'/'.join(readers[key])} only)")
     return out
+

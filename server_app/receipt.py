@@ -26,7 +26,7 @@ import math
 import os
 import sys
 
-from server_app.atomic import sha256_of, write_text
+from core.files import sha256_of, write_text
 
 NAME = "receipt.json"
 FORMAT = 1

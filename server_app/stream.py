@@ -38,7 +38,7 @@ from strategies.common.base import ModelState, UnlearnContext
 from strategies.common.fedavg_rounds import require_finite
 from strategies.common.federation import PhaseCost
 from strategies.registry import method_spec
-from tasks.config import ConfigError
+from core.config import ConfigError
 from tasks.diagnostics import resurfacing_summary
 from tasks.model import PLUGIN_PREFIX
 from tasks.stream import Request, parse_requests, request_config

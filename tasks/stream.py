@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tasks.config import SCENARIOS, Config, ConfigError
+from core.config import SCENARIOS, Config, ConfigError
 
 #: the Config entry (not a run-config key) holding the index of the request a view belongs to
 INDEX_KEY = "stream-index"

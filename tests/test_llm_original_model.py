@@ -11,7 +11,8 @@ import torch
 from server_app.experiment import Experiment
 from server_app.inprocess import InProcessGrid
 from strategies.common.federation import Federation
-from tasks.config import ConfigError, parse_config
+from core.config import ConfigError
+from strategies.run_config import parse_config
 from tasks.llm.given_model import folder_sha256
 
 TINY_LLM = {"task": "llm-tofu", "method": "none", "scenario": "sample", "llm-num-authors": 8, "llm-qa-per-author": 3,

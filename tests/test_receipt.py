@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from server_app.atomic import sha256_of
+from core.files import sha256_of
 from server_app.receipt import build_receipt, main, verify
 from tasks.forget_ids import ids_sha256, ids_text
 

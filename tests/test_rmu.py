@@ -14,7 +14,8 @@ from tiny_llm import make_batch, tiny_lora
 from strategies.objectives.losses import RMULoss
 from strategies.rmu.settings import plan, steered_layer, steering_coeff
 from strategies.rmu.train import rmu_update
-from tasks.config import ConfigError, parse_config
+from core.config import ConfigError
+from strategies.run_config import parse_config
 
 RUN = {"rmu-layer": -1, "rmu-update-layers": 3, "rmu-steering-coeff": 0.0, "rmu-alpha": 1200.0, "seed": 5}
 

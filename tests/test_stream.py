@@ -11,7 +11,8 @@ from flwr.app import ArrayRecord
 from server_app.inprocess import run_inprocess
 from strategies.common.base import ModelState, without_plugins
 from strategies.fedup.filter import FILTER_KIND
-from tasks.config import ConfigError, parse_config
+from core.config import ConfigError
+from strategies.run_config import parse_config
 from tasks.registry import task_for
 from tasks.requests import build_client_data
 from tasks.stream import Request, parse_requests, request_config

@@ -17,7 +17,7 @@ def check(cfg) -> None:
     import json
     import os
 
-    from tasks.config import ConfigError
+    from core.config import ConfigError
     from tasks.llm.federation_model import target_modules
     from tasks.llm.model import TINY_LAYERS, TINY_MODEL
 

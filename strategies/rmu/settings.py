@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tasks.config import Setting, at_least, positive, setting
+from core.config import Setting, at_least, positive, setting
 
 PAPER_LAYERS, PAPER_LAYER, PAPER_HIDDEN, PAPER_COEFF = 32, 7, 4096, 6.5
 UPDATED_MODULE = "down_proj"

@@ -45,7 +45,7 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 
-from client_app.state import client_view, load_model, round_seed
+from client_app.state import client_view, load_model, remember_given_keys, round_seed
 from strategies.registry import load, objective, queries
 
 torch.set_num_threads(1)
@@ -70,6 +70,7 @@ def _content_id(data) -> int:
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
     """Client id and data counts, so the server can address roles by node."""
+    remember_given_keys(context, msg.content["config"])
     cfg, data = client_view(context, msg.content)
     counts = data.counts()
     counts["n-all"] = counts["n-retain"] + counts["n-forget"]

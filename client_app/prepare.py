@@ -54,7 +54,7 @@ def prepare(node_config: str, run_config: str = "") -> str:
         run = get_fused_config_from_dir(ROOT, overrides)
     except ValueError as error:  # flwr: an override key the app does not declare
         raise ValueError(f"--run-config: {error}") from None
-    cfg, data = client_view_of(run, node)
+    cfg, data = client_view_of(run, node, given=tuple(overrides))
     counts = data.counts()
     kept = (f"view stored in {cache_folder(node)}" if cfg.task.client_view(cfg, data_source(node))[0] is not None
             else f"task '{cfg['task']}' keeps no view on disk: each message builds it")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from flwr.app import ArrayRecord, Context, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 from client_app.view_cache import PartitionFiles, cache_folder, cached_view
 from core.config import Config
@@ -58,11 +58,33 @@ def data_source(node: dict) -> dict:
     return {"partition-id": pid, "num-partitions": n}
 
 
+#: the hello message's config entry, and the node's ``context.state`` record, holding the keys the
+#: user set (space-separated) where the run config Flower hands the node holds every key
+GIVEN_KEYS = "given-keys"
+RUN_RECORD = "fedunlearn-run"
+
+
+def remember_given_keys(context: Context, config) -> None:
+    """Keep the keys the user set, as the server sent them in hello, in this node's state for the
+    run's later messages: the node then parses the run config as the server did."""
+    if GIVEN_KEYS in config:
+        context.state[RUN_RECORD] = ConfigRecord({GIVEN_KEYS: str(config[GIVEN_KEYS])})
+
+
+def given_keys(context: Context) -> tuple[str, ...] | None:
+    """The keys the user set (:func:`remember_given_keys`); None where the server sent none (its run
+    config then holds only what the user set, as in the in-process runner)."""
+    record = context.state.get(RUN_RECORD)
+    if record is None or GIVEN_KEYS not in record:
+        return None
+    return tuple(str(record[GIVEN_KEYS]).split())
+
+
 @lru_cache(maxsize=16)
-def _view(frozen_config: tuple, frozen_node: tuple, request: int | None):
+def _view(frozen_config: tuple, frozen_node: tuple, request: int | None, given: tuple[str, ...] | None):
     run, node = dict(frozen_config), dict(frozen_node)
     source = data_source(node)
-    cfg = parse_config(run, num_clients=source.get("num-partitions"))
+    cfg = parse_config(run, num_clients=source.get("num-partitions"), given=given)
     if request is not None:
         cfg = request_config(cfg, request)
     key, build = cfg.task.client_view(cfg, source)
@@ -70,10 +92,13 @@ def _view(frozen_config: tuple, frozen_node: tuple, request: int | None):
     return cfg, (cached_view(cache_folder(node), key, build) if key is not None else build())
 
 
-def client_view_of(run_config: dict, node_config: dict, request: int | None = None):
+def client_view_of(run_config: dict, node_config: dict, request: int | None = None,
+                   given: tuple[str, ...] | None = None):
     """(config, the data view) of the node with ``node_config`` in the run with ``run_config``; in a
-    stream of requests, of request ``request`` (0: before any request; ``tasks.stream``)."""
-    return _view(tuple(sorted(run_config.items())), tuple(sorted(node_config.items())), request)
+    stream of requests, of request ``request`` (0: before any request; ``tasks.stream``); ``given``: the
+    keys the user set (``strategies.run_config.parse_config``)."""
+    return _view(tuple(sorted(run_config.items())), tuple(sorted(node_config.items())), request,
+                 None if given is None else tuple(sorted(given)))
 
 
 def request_of(content: RecordDict) -> int | None:
@@ -84,7 +109,8 @@ def request_of(content: RecordDict) -> int | None:
 def client_view(context: Context, content: RecordDict | None = None):
     """(config, this client's data view) for the current run and the request the message
     ``content`` is about."""
-    return client_view_of(context.run_config, context.node_config, None if content is None else request_of(content))
+    return client_view_of(context.run_config, context.node_config, None if content is None else request_of(content),
+                          given_keys(context))
 
 
 def round_seed(cfg: Config, conf, client_id: int) -> int:

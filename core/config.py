@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 SCENARIOS = ("client", "class", "sample")
 POISONS = ("label-flip", "backdoor")
@@ -187,16 +187,17 @@ def valid(setting: Setting, raw: Any) -> Any:
 
 
 
-def _given(key: str, run_config: dict[str, Any], settings: dict[str, Setting]) -> bool:
-    """Did the user set ``key``? Where ``run_config`` holds only what was given (the in-process runner,
-    the benchmarks, the tests), any key in it, whatever its value. Where it holds every key (Flower
-    merges pyproject's defaults with ``--run-config``), a key whose value is not its default: a key
-    given exactly its default is then indistinguishable from one left alone."""
-    if key not in run_config:
-        return False
-    if not set(settings) <= set(run_config):
-        return True
-    return coerce(settings[key], run_config[key]) != settings[key].default
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested tables as dotted keys, as Flower flattens a run config: ``{"lethe": {"gamma": 0.2}}`` ->
+    ``{"lethe.gamma": 0.2}``."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict):
+            flat.update(flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
 
 
 #: Fills keys from the leading values: ``fill(values) -> (presets, keys whose value is the recipe's)``.
@@ -204,12 +205,16 @@ Filler = Callable[[dict[str, Any]], tuple[dict[str, Any], set[str]]]
 
 
 def parse(run_config: dict[str, Any], settings: tuple[Setting, ...], leading: tuple[str, ...], fill: Filler,
-          task_for: Callable[[str], Any]) -> Config:
+          task_for: Callable[[str], Any], given: Iterable[str] | None = None) -> Config:
     """Validate ``run_config`` against ``settings`` into a :class:`Config`: unknown keys rejected,
     missing keys defaulted. The ``leading`` keys are read first; ``fill`` gives the presets they
-    imply, which fill the keys the user did not set (a key the user set always wins).
+    imply, which fill the keys the user did not set: a key the user set always wins, whatever its
+    value. ``given``: the keys the user set, where ``run_config`` holds every key (Flower merges
+    pyproject's defaults with the user's ``--run-config``); None: every key in ``run_config`` (a run
+    config of only what the user set: the in-process runner, the benchmarks, the tests).
     ``task_for`` turns the ``task`` value into the run's task object."""
     by_key = {s.key: s for s in settings}
+    user_set = set(run_config if given is None else given)
     unknown = sorted(set(run_config) - set(by_key))
     if unknown:
         raise ConfigError(f"unknown run-config key(s) {', '.join(unknown)}; see docs/settings.md")
@@ -217,7 +222,7 @@ def parse(run_config: dict[str, Any], settings: tuple[Setting, ...], leading: tu
     applied = {}
     presets, recipe_keys = fill(values)
     for key, preset in presets.items():
-        if not _given(key, run_config, by_key):
+        if key not in user_set:
             applied[key] = valid(by_key[key], preset)
     for setting in settings:
         if setting.key not in values:

@@ -13,6 +13,7 @@ from flwr.serverapp import Grid, ServerApp
 from core.config import ConfigError
 from server_app.experiment import Experiment
 from strategies.common.federation import Federation, RunStopped
+from core.config import flatten
 from strategies.run_config import parse_config
 
 log = logging.getLogger("fedunlearn")
@@ -44,6 +45,13 @@ def _import_dynamo() -> None:
     import torch._dynamo  # noqa: F401
 
 
+def user_keys(grid: Grid) -> set[str] | None:
+    """The run-config keys the user set (``--run-config``), which Flower keeps on the run beside the
+    run config it merged with pyproject's defaults; None where the grid does not say."""
+    override = getattr(getattr(grid, "run", None), "override_config", None)
+    return None if override is None else set(flatten(dict(override)))
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Validate the whole run config before any work, then run the phases; a run that stops logs
@@ -52,9 +60,10 @@ def main(grid: Grid, context: Context) -> None:
     torch.set_num_threads(1)
     threading.Thread(target=_import_dynamo, name="import-torch-dynamo", daemon=True).start()
     try:
-        cfg = parse_config(context.run_config)
+        given = user_keys(grid)
+        cfg = parse_config(context.run_config, given=given)
         fed = Federation(grid, round_timeout=cfg["round-timeout"], min_reply_fraction=cfg["min-reply-fraction"])
-        folder = Experiment(fed, context.run_config).run()
+        folder = Experiment(fed, context.run_config, given).run()
     except (ConfigError, RunStopped) as err:
         log.error("run stopped: %s", err)
         raise RunFailed(f"fedunlearn: {err}") from None

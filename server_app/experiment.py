@@ -10,11 +10,12 @@ import copy
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
+from client_app.state import GIVEN_KEYS
 from core.config import Config, ConfigError
 from core.files import folder_problem
 from server_app import cache, history
@@ -52,10 +53,13 @@ MODEL_PHASES = {"original": "pretrain", "retrain": "retrain", "unlearned": "unle
 class Experiment:
     """Holds the federation, config and clock of one run; each phase is a method."""
 
-    def __init__(self, fed: Federation, run_config: dict[str, Any]):
+    def __init__(self, fed: Federation, run_config: dict[str, Any], given: Iterable[str] | None = None):
+        """``given``: the keys the user set where ``run_config`` holds every key (``flwr run``); the
+        nodes learn them in hello, so that they parse the run config as the server does."""
         self.fed = fed
         self.run_config = run_config
-        self.cfg: Config = parse_config(run_config)
+        self.given = None if given is None else tuple(sorted(given))
+        self.cfg: Config = parse_config(run_config, given=self.given)
         self.method = method_for(self.cfg["method"])
         self.started = time.perf_counter()
         self._retrain: ModelState | None = None
@@ -89,8 +93,8 @@ class Experiment:
         num_nodes = len(list(self.fed.grid.get_node_ids()))
         self.cfg.task.check_setup(self.cfg, num_nodes)
         self.data_id = self.identify_data(num_nodes)
-        self.fed.hello(ConfigRecord({}))
-        self.cfg = parse_config(self.run_config, num_clients=self.fed.num_clients)
+        self.fed.hello(ConfigRecord({} if self.given is None else {GIVEN_KEYS: " ".join(self.given)}))
+        self.cfg = parse_config(self.run_config, num_clients=self.fed.num_clients, given=self.given)
         if not is_stream(self.cfg):  # a stream checks each of its requests (server_app.stream)
             self.check_request(f"the request (scenario '{self.cfg['scenario']}')")
 

@@ -106,12 +106,15 @@ def run_inprocess(run_config: dict, num_clients: int, **grid_options) -> str:
 
 
 def parse_overrides(text: str) -> dict:
-    """``"k1=v1 k2='s'"`` -> dict, with TOML value syntax like ``flwr run --run-config``."""
+    """``"k1=v1 k2='s' table.k3=1"`` -> dict, with TOML value syntax like ``flwr run --run-config``; a
+    dotted key stays one dotted key (``lethe.gamma``), as Flower flattens it."""
     import shlex
 
     import tomllib
 
-    return {k: v for item in shlex.split(text, posix=False) for k, v in tomllib.loads(item).items()} \
+    from core.config import flatten
+
+    return {k: v for item in shlex.split(text, posix=False) for k, v in flatten(tomllib.loads(item)).items()} \
         if text else {}
 
 

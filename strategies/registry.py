@@ -15,6 +15,8 @@ imports one method's code at most.
 from __future__ import annotations
 
 import importlib
+import json
+import math
 import pkgutil
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -211,6 +213,52 @@ def key_table() -> str:
 
 TABLES = {"methods": method_table, "keys": key_table}
 
+#: pyproject's run-config tables: the top-level one and each namespace's (``[tool.flwr.app.config.lethe]``)
+CONFIG_TABLE = "tool.flwr.app.config"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return repr(value)
+
+
+def pyproject_config() -> str:
+    """pyproject's ``[tool.flwr.app.config*]`` tables, from the declarations: the keys without a dot
+    in the top-level table, a key ``NAMESPACE.NAME`` as ``NAME`` in table ``NAMESPACE`` (Flower
+    flattens it back to ``NAMESPACE.NAME``)."""
+    from strategies.run_config import all_settings
+
+    tables: dict[str, list[str]] = {"": []}
+    for s in all_settings():
+        namespace, _, name = s.key.rpartition(".")
+        tables.setdefault(namespace, []).append(f"{name} = {_toml_value(s.default)}")
+    return "\n\n".join("\n".join([f"[{CONFIG_TABLE}{'.' + ns if ns else ''}]", *lines]) for ns, lines in tables.items())
+
+
+def write_pyproject_config(path: str) -> bool:
+    """Replace the ``[tool.flwr.app.config*]`` tables of the pyproject file at ``path`` by
+    :func:`pyproject_config`, leaving every other byte as it was. True when the file changed."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    lines = text.split("\n")
+    inside = [i for i, line in enumerate(lines) if line.startswith("[")]
+    starts = [i for i in inside if lines[i] == f"[{CONFIG_TABLE}]" or lines[i].startswith(f"[{CONFIG_TABLE}.")]
+    if not starts:
+        raise ValueError(f"{path} has no [{CONFIG_TABLE}] table")
+    end = next((i for i in inside if i > starts[-1] and i not in starts), len(lines))
+    while end > starts[0] and lines[end - 1] == "":
+        end -= 1
+    updated = "\n".join([*lines[:starts[0]], pyproject_config(), *lines[end:]])
+    if updated != text:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(updated)
+    return updated != text
+
 
 def write_readme_tables(path: str) -> bool:
     """Replace every table the file at ``path`` marks with ``<!-- <name>:begin -->`` ... ``<!-- <name>:end -->``
@@ -241,9 +289,10 @@ if __name__ == "__main__":
 
     if len(sys.argv) >= 3 and sys.argv[1] == "--write":
         for target in sys.argv[2:]:
-            print("updated" if write_readme_tables(target) else "unchanged", target)
+            write = write_pyproject_config if target.endswith("pyproject.toml") else write_readme_tables
+            print("updated" if write(target) else "unchanged", target)
     elif len(sys.argv) == 1:
         print(method_table(), "", key_table(), sep="\n")
     else:
         sys.exit("usage: python -m strategies.registry [--write FILE ...]  "
-                 "(e.g. --write README.md docs/settings.md)")
+                 "(e.g. --write pyproject.toml README.md docs/settings.md)")

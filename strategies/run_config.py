@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from functools import lru_cache
-from typing import Any
+from typing import Any, Iterable
 
 from core.config import (POISONS, SCENARIOS, Config, ConfigError, Setting, at_least, one_of, open_unit, parse,
                          positive, setting)
@@ -117,7 +117,7 @@ GENERAL_SETTINGS: tuple[Setting, ...] = (
             choices=lambda: ("", *recipe_names())),
     setting("presets", bool, True,
             "apply the presets the task and the method registered (their measured settings there; digits-lenet5: "
-            "pretrain-rounds=60 local-epochs=1 continue-rounds=30) to keys left at their default; false = the "
+            "pretrain-rounds=60 local-epochs=1 continue-rounds=30) to the keys the user did not set; false = the "
             "global defaults"),
     setting("smoke", bool, False,
        "smoke run for CI: every phase runs, with a few rounds, epochs and steps (presets of each method and task); "
@@ -152,7 +152,7 @@ def settings_by_key() -> dict[str, Setting]:
 
 
 def _presets(values: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
-    """The values that fill keys left at their default, in rising rank: the task's presets
+    """The values that fill the keys the user did not set, in rising rank: the task's presets
     (``Task.presets``) and the method's, the recipe's (for this scenario and task kind), the smoke
     settings when ``smoke`` is on. Returns them and the keys whose value is the recipe's."""
     task, spec = task_for(values["task"]), registry.method_spec(values["method"])
@@ -182,14 +182,16 @@ def _presets(values: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
 
 
 
-def parse_config(run_config: dict[str, Any], num_clients: int | None = None) -> Config:
+def parse_config(run_config: dict[str, Any], num_clients: int | None = None,
+                 given: Iterable[str] | None = None) -> Config:
     """Validate ``run_config`` (unknown keys rejected, missing keys defaulted, presets filled into
     keys the user did not set) into a :class:`Config`.
 
     ``num_clients`` enables the checks that need the federation size (the forget client).
+    ``given``: the keys the user set where ``run_config`` holds every key (``core.config.parse``).
     """
     cfg = parse(run_config, all_settings(), ("task", "method", "presets", "smoke", "recipe", "scenario"), _presets,
-                task_for)
+                task_for, given)
     _check_combinations(cfg, num_clients)
     return cfg
 

@@ -12,17 +12,25 @@ File format (TOML)::
     methods = ["METHOD"]                    # the methods it is written for
     [settings]                              # every run
     "KEY" = 12.0
+    [settings.TABLE]                        # the keys TABLE.NAME, as in pyproject's run config
+    NAME = 1.0
     [scenario.class]                        # runs of that scenario (over [settings])
     "KEY" = 0.02
+    "TABLE.NAME" = 2.0                      # a dotted key, quoted: the same key as in a table
     [task-kind.llm]                         # runs on a task of that kind (over both)
     "KEY" = inf
+
+A file is read once per process (the run config is parsed several times in a run).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
+
+from core.config import flatten
 
 try:
     import tomllib
@@ -62,7 +70,11 @@ def recipe_names() -> tuple[str, ...]:
 
 def load_recipe(name: str) -> Recipe:
     """``recipes/<name>.toml`` as a :class:`Recipe` (its keys are checked by ``strategies.run_config``)."""
-    path = os.path.join(RECIPES_DIR, f"{name}.toml")
+    return _read_recipe(name, os.path.join(RECIPES_DIR, f"{name}.toml"))
+
+
+@lru_cache(maxsize=None)
+def _read_recipe(name: str, path: str) -> Recipe:
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -72,6 +84,6 @@ def load_recipe(name: str) -> Recipe:
     if set(data) - known or not isinstance(data.get("methods"), list):
         raise RecipeError(f"recipe file {path}: top-level keys must be among {', '.join(sorted(known))}, "
                           f"with 'methods' a list of method names")
-    return Recipe(name, str(data.get("description", "")), tuple(data["methods"]), dict(data.get("settings", {})),
-                  {k: dict(v) for k, v in data.get("scenario", {}).items()},
-                  {k: dict(v) for k, v in data.get("task-kind", {}).items()})
+    return Recipe(name, str(data.get("description", "")), tuple(data["methods"]), flatten(data.get("settings", {})),
+                  {k: flatten(v) for k, v in data.get("scenario", {}).items()},
+                  {k: flatten(v) for k, v in data.get("task-kind", {}).items()})

@@ -19,7 +19,7 @@ the deployments to time, one federation each, by how their SuperNodes start a Cl
 imported torch and Flower once), ``lean`` (a fresh interpreter through the lean launcher of
 Flower's command), ``flower`` (Flower's own ``flwr-clientapp``).
 
-    python benchmarks/bench_deployment.py [--clients 3] [--run-config "fedup-epochs=200"] [--clientapps fork,lean,flower]
+    python benchmarks/bench_deployment.py [--clients 3] [--run-config "fedup.epochs=200"] [--clientapps fork,lean,flower]
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ same amount of client work. Retrain's cost is what building the oracle cost (``c
 ``--filter-only`` times just the server-side filter training (``strategies.fedup.filter.train_filter``) on
 synthetic centroids of a task's size, with the task's real head, on each device of ``--device``
 (side by side; no federation, no Flower). ``--filter-epochs`` shortens it; the table also
-extrapolates to the run's ``fedup-epochs``:
+extrapolates to the run's ``fedup.epochs``:
 
     python benchmarks/bench_fedup.py --filter-only --device cpu,cuda --filter-epochs 20
 """
@@ -98,9 +98,9 @@ def bench_filter(presets: list[str], devices: list[str], epochs: int, seed: int)
     from tasks.vision.models import build_vision_model
 
     cfg = parse_config({})
-    print(f"FedUP filter training: bottleneck {cfg['fedup-bottleneck']}, batch {cfg['fedup-batch-size']}, "
-          f"{cfg['fedup-optimizer']}, lr {cfg['fedup-lr'] or cfg['lr']}, alpha {cfg['fedup-alpha']}; timed {epochs} epochs "
-          f"(extrapolated to fedup-epochs={cfg['fedup-epochs']}); torch threads {torch.get_num_threads()}")
+    print(f"FedUP filter training: bottleneck {cfg['fedup.bottleneck']}, batch {cfg['fedup.batch-size']}, "
+          f"{cfg['fedup.optimizer']}, lr {cfg['fedup.lr'] or cfg['lr']}, alpha {cfg['fedup.alpha']}; timed {epochs} epochs "
+          f"(extrapolated to fedup.epochs={cfg['fedup.epochs']}); torch threads {torch.get_num_threads()}")
     print(f"{'preset':20}{'device':8}{'M':>7}{'d':>5}{'s/epoch':>10}{'est. s':>9}{'loss':>9}{'acc':>7}")
     for preset in presets:
         arch, classes, channels, num = FILTER_PRESETS[preset]
@@ -109,11 +109,11 @@ def bench_filter(presets: list[str], devices: list[str], epochs: int, seed: int)
         targets = divert_targets(labels, forget, classes)
         for name in devices:
             device = torch.device(name)
-            filt = FedUPFilter(head.in_features, cfg["fedup-bottleneck"], seed=seed).to(device)
+            filt = FedUPFilter(head.in_features, cfg["fedup.bottleneck"], seed=seed).to(device)
             head_on = head.to(device)
-            train = lambda e: train_filter(filt, head_on, centroids, targets, alpha=cfg["fedup-alpha"], epochs=e,
-                                           lr=cfg["fedup-lr"] or cfg["lr"], batch_size=cfg["fedup-batch-size"],
-                                           optimizer=cfg["fedup-optimizer"], seed=seed)
+            train = lambda e: train_filter(filt, head_on, centroids, targets, alpha=cfg["fedup.alpha"], epochs=e,
+                                           lr=cfg["fedup.lr"] or cfg["lr"], batch_size=cfg["fedup.batch-size"],
+                                           optimizer=cfg["fedup.optimizer"], seed=seed)
             train(1)  # warm-up (CUDA context, kernels, allocator)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -123,7 +123,7 @@ def bench_filter(presets: list[str], devices: list[str], epochs: int, seed: int)
                 torch.cuda.synchronize(device)
             per_epoch = (time.perf_counter() - start) / epochs
             print(f"{preset:20}{name:8}{num:7d}{head.in_features:5d}{per_epoch:10.4f}"
-                  f"{per_epoch * cfg['fedup-epochs']:9.1f}{history['total'][-1]:9.4f}{history['accuracy'][-1]:7.3f}")
+                  f"{per_epoch * cfg['fedup.epochs']:9.1f}{history['total'][-1]:9.4f}{history['accuracy'][-1]:7.3f}")
             head = head_on.cpu()
 
 
@@ -161,7 +161,7 @@ def main() -> None:
         write_random_cifar10(data_dir, per_batch=200, seed=args.seed)
         compare("cifar10-resnet18 / class, random CIFAR-format data",
                 {**common, "task": "cifar10-resnet18", "scenario": "class", "data-dir": data_dir,
-                 "pretrain-rounds": 3, "local-epochs": 1, "fedup-epochs": 50}, args.clients)
+                 "pretrain-rounds": 3, "local-epochs": 1, "fedup.epochs": 50}, args.clients)
     print(f"\nruns under {work}")
 
 

@@ -77,7 +77,7 @@ deploy_on_gpu() {
     sampler=$!
     step "deployment: SuperLink + 2 SuperNodes (TLS, node auth) on this GPU, fedup class" 200 \
         python3 scripts/launch_federation.py --nodes 2 --workdir "$WORK/federation" --timeout 170 --run-config \
-        "method='fedup' scenario='class' pretrain-rounds=2 continue-rounds=1 local-epochs=1 fedup-epochs=20 mia-max-samples=30 outputs-dir='$WORK/deploy-out' cache-dir='$WORK/deploy-cache'"
+        "method='fedup' scenario='class' pretrain-rounds=2 continue-rounds=1 local-epochs=1 fedup.epochs=20 mia-max-samples=30 outputs-dir='$WORK/deploy-out' cache-dir='$WORK/deploy-cache'"
     kill "$sampler" 2>/dev/null
     echo "GPU compute processes seen during the run: $(wc -l < "$seen") samples"
     grep -m 5 . "$seen"
@@ -101,7 +101,7 @@ inprocess_llm() {
     local name=$1 method=$2 limit=$3 results
     step "$name" "$limit" \
         python3 -m server_app.inprocess --clients 4 --run-config \
-        "task='llm-tofu' method='$method' llm-load-in-4bit=$STRETCH_4BIT outputs-dir='$WORK/outputs-$method' cache-dir='$WORK/cache'"
+        "task='llm-tofu' method='$method' llm.load-in-4bit=$STRETCH_4BIT outputs-dir='$WORK/outputs-$method' cache-dir='$WORK/cache'"
     results=$(find "$WORK/outputs-$method" -name results.json 2>/dev/null | head -1)
     if [ -n "$results" ]; then
         cp "$results" "$OUT/${method}_4bit_results.json"
@@ -150,7 +150,7 @@ EOF
 
     deploy_on_gpu
     if [ "$LETHE_LLM" = 1 ]; then
-        inprocess_llm "in-process llm-tofu lethe run, 4 clients, llm-load-in-4bit=$STRETCH_4BIT" lethe 200
+        inprocess_llm "in-process llm-tofu lethe run, 4 clients, llm.load-in-4bit=$STRETCH_4BIT" lethe 200
     fi
 
     step "pytest tests/test_gpu_4bit.py" 240 \
@@ -172,7 +172,7 @@ EOF
     fi
 
     if [ "$STRETCH" = 1 ]; then
-        inprocess_llm "stretch: in-process llm-tofu firm run, 4 clients, llm-load-in-4bit=$STRETCH_4BIT" firm 300
+        inprocess_llm "stretch: in-process llm-tofu firm run, 4 clients, llm.load-in-4bit=$STRETCH_4BIT" firm 300
     fi
 
     section "summary (total $(($(date +%s) - START))s)"

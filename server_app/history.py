@@ -2,7 +2,7 @@
 
 FedEraser ("FedEraser: Enabling Efficient Client-Level Data Removal from Federated Learning
 Models", Liu et al.) replays pretraining without the leaving client from what the server kept:
-at every ``federaser-interval``-th round, the global model the clients started from and the model
+at every ``federaser.interval``-th round, the global model the clients started from and the model
 each client sent back, with its example count. The server records them while pretraining runs
 (``strategies.common.fedavg_rounds.run_rounds``' ``on_replies``) — only in a run whose method
 needs ``update-history`` — and stores them beside the cached original, keyed like it:

@@ -71,7 +71,7 @@ PRETRAINING_KEEPS = {
     "last-local-model": "each client keeps its local model of the last pretraining round on its own disk "
                         "(``client_app.kept_models``), as a real client holds it",
     "update-history": "the server keeps the global model and every client's returned model of every "
-                      "`federaser-interval`-th pretraining round beside the cached original (``server_app.history``); "
+                      "`federaser.interval`-th pretraining round beside the cached original (``server_app.history``); "
                       "recorded only in a run whose method needs it",
 }
 

@@ -234,7 +234,7 @@ def _check_combinations(cfg: Config, num_clients: int | None) -> None:
 
 def inapplicable_settings(cfg: Config) -> list[str]:
     """Keys set away from their default that this run's task or method never reads, each as
-    ``key (<owner> only)``, e.g. ``llm-lr (task llm-tofu only)`` on a vision task."""
+    ``key (<owner> only)``, e.g. ``llm.lr (task llm-tofu only)`` on a vision task."""
     kind_of_key = {s.key: kind for kind in task_kinds() for s in kind.settings}
     readers = registry.readers_of()
     out = []

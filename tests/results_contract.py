@@ -29,8 +29,8 @@ from tasks.registry import task_for
 
 TASK_OF_KIND = {"vision": "digits-lenet5", "llm": "llm-tofu", "text": "text-minilm"}
 CLIENTS = {"vision": 3, "llm": 4, "text": 3}
-LLM_TINY = {"llm-num-authors": 8, "llm-qa-per-author": 3, "llm-forget-fraction": 0.25, "llm-batch-size": 8,
-            "llm-lora-rank": 4}
+LLM_TINY = {"llm.num-authors": 8, "llm.qa-per-author": 3, "llm.forget-fraction": 0.25, "llm.batch-size": 8,
+            "llm.lora-rank": 4}
 CORE = ("retain_acc", "forget_acc", "test_acc", "mia")
 
 

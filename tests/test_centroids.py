@@ -82,7 +82,7 @@ def test_kmeans_finds_well_separated_clusters():
 def test_bad_rho_and_shapes_rejected():
     x, y = features()
     for rho in (0.0, 1.5, -0.2):
-        with pytest.raises(ValueError, match="fedup-rho"):
+        with pytest.raises(ValueError, match="fedup.rho"):
             class_centroids(x, y, rho=rho, seed=0)
     with pytest.raises(ValueError, match="features"):
         class_centroids(x, y[:-1], rho=0.5, seed=0)
@@ -126,7 +126,7 @@ def test_clip_rows_bounds_norms_and_leaves_short_rows_alone():
     assert torch.allclose(out.norm(dim=1), torch.tensor([1.0, 0.5, 0.0, 1.0]))
     assert torch.equal(out[1:3], x[1:3])
     assert torch.allclose(out[3], torch.tensor([-0.6, 0.8]))  # direction kept
-    with pytest.raises(ValueError, match="fedup-clip"):
+    with pytest.raises(ValueError, match="fedup.clip"):
         clip_rows(x, 0.0)
 
 
@@ -169,5 +169,5 @@ def test_gaussian_noise_has_requested_std_and_is_seeded():
     assert torch.equal(noisy, add_gaussian_noise(c, 0.3, seed=0))
     assert not torch.equal(noisy, add_gaussian_noise(c, 0.3, seed=1))
     assert torch.equal(add_gaussian_noise(c, 0.0, seed=0), c)
-    with pytest.raises(ValueError, match="fedup-sigma"):
+    with pytest.raises(ValueError, match="fedup.sigma"):
         add_gaussian_noise(c, -1.0, seed=0)

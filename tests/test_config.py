@@ -70,14 +70,14 @@ def test_readme_tables_are_the_registered_ones(tmp_path):
     ("sample-fraction", 1.5, "(0, 1]"),
     ("continue-rounds", -1, ">= 0"),
     ("max-grad-norm", -1.0, ">= 0"),
-    ("fedup-rho", 1.5, "(0, 1]"),
-    ("fedup-sigma", -1.0, ">= 0"),
-    ("fedup-epsilon", 0.0, "> 0"),
-    ("fedup-delta", 1.0, "(0, 1)"),
-    ("fedup-bottleneck", 0, "> 0"),
-    ("lethe-gamma", 0.0, "> 0"),
-    ("lethe-adapter-steps", -1, ">= 0"),
-    ("lethe-rectify-rounds", -2, ">= 0"),
+    ("fedup.rho", 1.5, "(0, 1]"),
+    ("fedup.sigma", -1.0, ">= 0"),
+    ("fedup.epsilon", 0.0, "> 0"),
+    ("fedup.delta", 1.0, "(0, 1)"),
+    ("fedup.bottleneck", 0, "> 0"),
+    ("lethe.gamma", 0.0, "> 0"),
+    ("lethe.adapter-steps", -1, ">= 0"),
+    ("lethe.rectify-rounds", -2, ">= 0"),
     ("init-seed", -2, "-1 or in 0..4294967295"),
 ])
 def test_bad_value_names_key_and_allowed(key, value, fragment):
@@ -94,7 +94,7 @@ def test_forget_client_outside_federation():
 
 
 def test_an_lr_schedule_is_refused_where_it_would_not_be_followed():
-    """Methods that replay pretraining at the constant lr, and the LLM task (its own llm-lr), take
+    """Methods that replay pretraining at the constant lr, and the LLM task (its own llm.lr), take
     'constant'; vision methods that do not replay take 'cosine'."""
     for overrides, fragment in [({"method": "federaser", "scenario": "client"}, "method 'federaser' replays"),
                                 ({"method": "exact-fun", "scenario": "client"}, "method 'exact-fun' replays"),
@@ -112,7 +112,7 @@ def test_init_seed_is_refused_by_the_llm_task_which_starts_from_a_pretrained_mod
 
 
 def test_a_gradient_clip_is_refused_by_the_llm_task_which_would_not_apply_it():
-    """The LLM task trains its adapter with AdamW on llm-lr and no clip: it takes the default and
+    """The LLM task trains its adapter with AdamW on llm.lr and no clip: it takes the default and
     refuses another value in one line; vision and text tasks take any value >= 0."""
     assert parse_config({"task": "llm-tofu", "method": "ga", "scenario": "client"})["max-grad-norm"] == 100.0
     with pytest.raises(ConfigError, match=r"'max-grad-norm'=0\.0 applies to vision and text tasks; task 'llm-tofu'"):
@@ -128,9 +128,9 @@ def test_unknown_key_and_wrong_type():
 
 
 def test_coercion_and_inf():
-    cfg = parse_config({"lr": 1, "download": "true", "fedup-epsilon": math.inf})
+    cfg = parse_config({"lr": 1, "download": "true", "fedup.epsilon": math.inf})
     assert cfg["lr"] == 1.0 and isinstance(cfg["lr"], float)
-    assert cfg["download"] is True and math.isinf(cfg["fedup-epsilon"])
+    assert cfg["download"] is True and math.isinf(cfg["fedup.epsilon"])
     assert cfg.pretrain_rounds == cfg["pretrain-rounds"]
 
 

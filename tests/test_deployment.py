@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not (BIN / "flower-superlink").exists(),
                                  reason="flower-superlink not installed (next to this Python or on PATH)")]
 
-TINY = "scenario='class' pretrain-rounds=2 continue-rounds=1 local-epochs=1 fedup-epochs=20 mia-max-samples=30"
+TINY = "scenario='class' pretrain-rounds=2 continue-rounds=1 local-epochs=1 fedup.epochs=20 mia-max-samples=30"
 NUM_NODES = 3
 
 

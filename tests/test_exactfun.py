@@ -39,7 +39,7 @@ def test_first_changed_round_skips_rounds_the_leaving_client_does_not_move():
 
 def test_unlearned_model_equals_quantised_retraining_without_the_client_bit_for_bit(tmp_path):
     run = {"method": "exact-fun", "scenario": "client", "smoke": True, "cache-dir": str(tmp_path / "c"),
-           "outputs-dir": str(tmp_path / "o")}  # smoke: exactfun-verify on
+           "outputs-dir": str(tmp_path / "o")}  # smoke: exactfun.verify on
     with open(os.path.join(run_inprocess(run, 3), "results.json")) as handle:
         results = json.load(handle)
     details = results["method"]

@@ -15,8 +15,8 @@ from server_app.inprocess import InProcessGrid
 from strategies.common.federation import Federation, RoundFailed
 
 TINY = {"pretrain-rounds": 2, "continue-rounds": 2, "local-epochs": 1, "mia-max-samples": 30,
-        "fedup-epochs": 20, "lethe-rectify-rounds": 1, "lethe-restore-rounds": 1, "lethe-adapter-steps": 3,
-        "guard-verify-passes": 0, "guard-restore-extra-rounds": 0}
+        "fedup.epochs": 20, "lethe.rectify-rounds": 1, "lethe.restore-rounds": 1, "lethe.adapter-steps": 3,
+        "guard.verify-passes": 0, "guard.restore-extra-rounds": 0}
 ROBUST = {"recipe": "lethe-robust"}
 
 
@@ -187,8 +187,8 @@ def test_lethe_runs_its_papers_three_phases_by_default(tmp_path):
     assert paper["cost"]["unlearn"]["rounds"] == 3 and "carried_out" not in paper["method"]
     assert math.isfinite(paper["models"]["unlearned"]["test_acc"])
     robust, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **ROBUST)
-    assert robust["run"]["recipe"] == "lethe-robust" and robust["run"]["recipe_settings"]["guard-stop-loss"] == 12.0
-    assert "guard-verify-passes" not in robust["run"]["recipe_settings"]  # given explicitly (TINY): not the recipe's
+    assert robust["run"]["recipe"] == "lethe-robust" and robust["run"]["recipe_settings"]["guard.stop-loss"] == 12.0
+    assert "guard.verify-passes" not in robust["run"]["recipe_settings"]  # given explicitly (TINY): not the recipe's
     assert robust["cost"]["unlearn"]["rounds"] == 4
     assert paper["cost"]["unlearn"]["bytes_up"] < robust["cost"]["unlearn"]["bytes_up"]
     assert paper["models"]["unlearned"] != robust["models"]["unlearned"]
@@ -236,7 +236,7 @@ def test_lethe_checks_its_restored_model_at_the_forget_clients_and_passes_again_
     request is left undone, so a second attempt with the looser walk-back runs; it changes nothing
     either and is not kept."""
     results, _, _ = run(tmp_path, method="lethe", scenario="class", **ROBUST,
-                        **{"guard-verify-passes": 1, "lethe-rectify-rounds": 0, "lethe-restore-rounds": 0,
+                        **{"guard.verify-passes": 1, "lethe.rectify-rounds": 0, "lethe.restore-rounds": 0,
                            "continue-rounds": 1})
     details, unlearned = results["method"], results["models"]["unlearned"]
     checks = details["forget_checks"]
@@ -252,7 +252,7 @@ def test_lethe_checks_its_restored_model_at_the_forget_clients_and_passes_again_
 def test_lethe_sends_one_message_to_a_client_holding_both_roles(tmp_path):
     """Class scenario: every client holds forget and retained data, so each rectify or restore round
     is one download per client (two uploads), not two exchanges."""
-    results, _, _ = run(tmp_path, method="lethe", scenario="class", **ROBUST, **{"guard-stop-loss": float("inf")})
+    results, _, _ = run(tmp_path, method="lethe", scenario="class", **ROBUST, **{"guard.stop-loss": float("inf")})
     cost = results["cost"]["unlearn"]
     assert cost["rounds"] == 4
     model_bytes = results["cost"]["pretrain"]["bytes_down"] / (TINY["pretrain-rounds"] * 4)
@@ -263,27 +263,27 @@ def test_lethe_sends_one_message_to_a_client_holding_both_roles(tmp_path):
 
 
 def test_the_recipes_class_scenario_takes_its_own_step_settings(tmp_path):
-    """lethe-robust's [scenario.class] sets lethe-lr 0.02 (its [settings] 0.01); an explicit lethe-lr wins."""
-    common = {"method": "lethe", "scenario": "class", "guard-stop-loss": float("inf"), "lethe-restore-rounds": 0,
+    """lethe-robust's [scenario.class] sets lethe.lr 0.02 (its [settings] 0.01); an explicit lethe.lr wins."""
+    common = {"method": "lethe", "scenario": "class", "guard.stop-loss": float("inf"), "lethe.restore-rounds": 0,
               **ROBUST}
     default, _, _ = run(tmp_path, **common)
-    assert default["run"]["recipe_settings"]["lethe-lr"] == 0.02
-    same_lr, _, _ = run(tmp_path, **common, **{"lethe-lr": 0.02})
-    other_lr, _, _ = run(tmp_path, **common, **{"lethe-lr": 0.5})
+    assert default["run"]["recipe_settings"]["lethe.lr"] == 0.02
+    same_lr, _, _ = run(tmp_path, **common, **{"lethe.lr": 0.02})
+    other_lr, _, _ = run(tmp_path, **common, **{"lethe.lr": 0.5})
     assert same_lr["models"]["unlearned"] == default["models"]["unlearned"]
     assert other_lr["models"]["unlearned"] != default["models"]["unlearned"]
 
 
 def test_lethe_rectification_stops_once_the_forget_loss_is_reached(tmp_path):
     results, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **ROBUST,
-                        **{"lethe-rectify-rounds": 3, "guard-stop-loss": 1e-6})
+                        **{"lethe.rectify-rounds": 3, "guard.stop-loss": 1e-6})
     history = results["method"]["gamma_bounds"]
     assert len(history) == 1 and history[0]["stopped"] is True and history[0]["forget_loss"] >= 1e-6
     # amplify (1) + the stopping round, forget clients only (1) + restore (1) + reports on its model (1),
     # not 3 rectify rounds
     assert results["cost"]["unlearn"]["rounds"] == 4
     unlimited, _, _ = run(tmp_path, method="lethe", scenario="client", poison="backdoor", **ROBUST,
-                          **{"lethe-rectify-rounds": 2, "guard-stop-loss": float("inf")})
+                          **{"lethe.rectify-rounds": 2, "guard.stop-loss": float("inf")})
     assert [("stopped" in h) for h in unlimited["method"]["gamma_bounds"]] == [False, False]
     assert all(h["forget_loss"] >= 0 for h in unlimited["method"]["gamma_bounds"])
 

@@ -110,8 +110,8 @@ def test_a_holder_keeps_its_auxiliary_head_on_disk_across_rounds_and_others_trai
 
 
 def test_one_line_errors():
-    with pytest.raises(ConfigError, match="fedau-alpha") as err:
-        parse_config({"method": "fedau", "fedau-alpha": 1.5})
+    with pytest.raises(ConfigError, match="fedau.alpha") as err:
+        parse_config({"method": "fedau", "fedau.alpha": 1.5})
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="fedau") as err:
         parse_config({"method": "fedau", "task": "llm-tofu"})
@@ -158,14 +158,14 @@ def test_sample_and_client_unlearning_end_to_end(tmp_path, scenario):
     extra = {"poison": "backdoor"} if scenario == "client" else {}
     results = _run(tmp_path, scenario, **extra)
     _check(results, scenario)
-    assert ("fedau-client-gamma" in results["run"]["own_original"]) == (scenario == "client")
+    assert ("fedau.client-gamma" in results["run"]["own_original"]) == (scenario == "client")
 
 
 def test_own_original_key_depends_on_the_aux_labels_and_gamma():
     from strategies.fedau.strategy import FedAU
 
     own = {s: FedAU().own_original(parse_config({"method": "fedau", "scenario": s})) for s in ("class", "sample", "client")}
-    assert own["class"] != own["sample"] and "fedau-client-gamma" in own["client"]
+    assert own["class"] != own["sample"] and "fedau.client-gamma" in own["client"]
     assert FedAU().pretraining_config(parse_config({"method": "fedau"}), "0123456789abcdef") == {
         "objective": "fedau-aux", "fedau-original": "0123456789abcdef"}
 

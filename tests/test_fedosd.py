@@ -81,7 +81,7 @@ def test_flatten_round_trips():
 def test_client_gradients_for_each_role_on_a_digits_partition():
     task = task_for("digits-lenet5")
     cfg = parse_config({"method": "fedosd", "scenario": "client", "poison": "backdoor", "forget-client": 0,
-                        "fedosd-batch-size": 64}, num_clients=3)
+                        "fedosd.batch-size": 64}, num_clients=3)
     images = task.load_images()
     leaving, other = build_client_data(cfg, images, 0, 3), build_client_data(cfg, images, 1, 3)
     model = task.build_model([], seed=0)
@@ -102,8 +102,8 @@ def test_client_gradients_for_each_role_on_a_digits_partition():
 def test_fedosd_runs_in_the_client_scenario_only():
     with pytest.raises(ConfigError, match=r"'scenario'='class' is not supported by method 'fedosd'"):
         parse_config({"method": "fedosd", "scenario": "class"})
-    with pytest.raises(ConfigError, match="'fedosd-lr-decay'"):
-        parse_config({"method": "fedosd", "scenario": "client", "fedosd-lr-decay": 1.5})
+    with pytest.raises(ConfigError, match="'fedosd.lr-decay'"):
+        parse_config({"method": "fedosd", "scenario": "client", "fedosd.lr-decay": 1.5})
 
 
 class _FixedGradients:
@@ -138,8 +138,8 @@ def test_server_steps_orthogonally_then_post_trains_without_the_movement(monkeyp
         model.weight.zero_()
     g_forget, g_one, g_two = torch.tensor([[1.0, 1.0, 1.0]]), torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0.0, 2.0, 0.0]])
     fed = _FixedGradients({0: g_forget, 1: g_one, 2: g_two})
-    cfg = parse_config({"method": "fedosd", "scenario": "client", "fedosd-unlearn-rounds": 1, "fedosd-recovery-rounds": 1,
-                        "fedosd-lr": 0.5, "fedosd-recovery-lr": 0.1, "fedosd-lr-decay": 1.0})
+    cfg = parse_config({"method": "fedosd", "scenario": "client", "fedosd.unlearn-rounds": 1, "fedosd.recovery-rounds": 1,
+                        "fedosd.lr": 0.5, "fedosd.recovery-lr": 0.1, "fedosd.lr-decay": 1.0})
     ctx = UnlearnContext(fed, cfg, ModelState(ArrayRecord(model.state_dict())), lambda plugins: model, lambda: None)
     result = FedOSD().unlearn(ctx)
     assert fed.asked == [{1: "retain", 2: "retain", 0: "forget"}, {1: "retain", 2: "retain"}]
@@ -161,8 +161,8 @@ def test_a_forget_loss_without_gradient_is_said_and_counted(monkeypatch, caplog)
         model.weight.fill_(1.0)
     fed = _FixedGradients({0: torch.zeros(1, 3), 1: torch.tensor([[1.0, 0.0, 0.0]]),
                            2: torch.tensor([[0.0, 2.0, 0.0]])})
-    cfg = parse_config({"method": "fedosd", "scenario": "client", "fedosd-unlearn-rounds": 3,
-                        "fedosd-recovery-rounds": 0})
+    cfg = parse_config({"method": "fedosd", "scenario": "client", "fedosd.unlearn-rounds": 3,
+                        "fedosd.recovery-rounds": 0})
     ctx = UnlearnContext(fed, cfg, ModelState(ArrayRecord(model.state_dict())), lambda plugins: model, lambda: None)
     with caplog.at_level(logging.WARNING, logger="fedunlearn"):
         result = FedOSD().unlearn(ctx)

@@ -9,7 +9,7 @@ from strategies.fedup.filter import FedUPFilter, build_plugin, train_filter
 from tasks.model import SplitModel
 
 NUM_CLASSES, DIM, FORGET = 4, 16, 0
-LR = 0.05  # what fedup-lr=0 resolves to on the digits task (its lr)
+LR = 0.05  # what fedup.lr=0 resolves to on the digits task (its lr)
 
 
 def nearest_mean_head(means: torch.Tensor) -> nn.Linear:
@@ -74,19 +74,19 @@ def test_filter_init_depends_only_on_seed():
 
 @pytest.mark.parametrize("bottleneck", [0, -2])
 def test_bad_bottleneck_rejected(bottleneck):
-    with pytest.raises(ValueError, match="fedup-bottleneck"):
+    with pytest.raises(ValueError, match="fedup.bottleneck"):
         FedUPFilter(DIM, bottleneck)
 
 
 @pytest.mark.parametrize(
     "kwargs, key",
     [
-        ({"alpha": -0.1}, "fedup-alpha"),
-        ({"alpha": 1.5}, "fedup-alpha"),
-        ({"epochs": 0}, "fedup-epochs"),
-        ({"lr": 0.0}, "fedup-lr"),
-        ({"batch_size": 0}, "fedup-batch-size"),
-        ({"optimizer": "rmsprop"}, "fedup-optimizer"),
+        ({"alpha": -0.1}, "fedup.alpha"),
+        ({"alpha": 1.5}, "fedup.alpha"),
+        ({"epochs": 0}, "fedup.epochs"),
+        ({"lr": 0.0}, "fedup.lr"),
+        ({"batch_size": 0}, "fedup.batch-size"),
+        ({"optimizer": "rmsprop"}, "fedup.optimizer"),
     ],
 )
 def test_bad_training_settings_rejected(kwargs, key):

@@ -71,7 +71,7 @@ def test_eq21_sensitivity_is_the_diameter_over_the_client_count():
 
 @pytest.mark.parametrize("bound", ["fixed-clusters", "any-clustering"])
 def test_clip_bounds_need_a_finite_clip(bound):
-    with pytest.raises(ValueError, match="fedup-clip"):
+    with pytest.raises(ValueError, match="fedup.clip"):
         centroid_sensitivity(math.inf, [5, 3], bound=bound)
 
 
@@ -96,10 +96,10 @@ def test_paper_setting_gives_the_papers_scale_of_noise():
 @pytest.mark.parametrize(
     "call, key",
     [
-        (lambda: calibrate_sigma(0.0, 1e-5, 1.0), "fedup-epsilon"),
-        (lambda: calibrate_sigma(1.0, 1.0, 1.0), "fedup-delta"),
+        (lambda: calibrate_sigma(0.0, 1e-5, 1.0), "fedup.epsilon"),
+        (lambda: calibrate_sigma(1.0, 1.0, 1.0), "fedup.delta"),
         (lambda: calibrate_sigma(1.0, 1e-5, 0.0), "sensitivity"),
-        (lambda: epsilon_spent(-1.0, 1e-5, 1.0), "fedup-sigma"),
+        (lambda: epsilon_spent(-1.0, 1e-5, 1.0), "fedup.sigma"),
     ],
 )
 def test_bad_privacy_arguments_rejected(call, key):

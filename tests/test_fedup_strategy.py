@@ -18,7 +18,7 @@ from strategies.run_config import parse_config
 from tasks.registry import task_for
 from tasks.requests import build_client_data
 
-RUN = {"scenario": "class", "forget-class": 2, "fedup-epochs": 5, "mia-max-samples": 20}
+RUN = {"scenario": "class", "forget-class": 2, "fedup.epochs": 5, "mia-max-samples": 20}
 
 
 def context(run=RUN, clients=3, original=None):
@@ -42,9 +42,9 @@ def release(extra, client=0, clients=3):
 
 
 def test_noise_reaches_the_uploaded_centroids():
-    clean, clean_metrics, _ = release({"fedup-epsilon": math.inf})
-    noisy, noisy_metrics, _ = release({"fedup-sigma": 0.5})
-    calibrated, calibrated_metrics, _ = release({"fedup-epsilon": 5.0})
+    clean, clean_metrics, _ = release({"fedup.epsilon": math.inf})
+    noisy, noisy_metrics, _ = release({"fedup.sigma": 0.5})
+    calibrated, calibrated_metrics, _ = release({"fedup.epsilon": 5.0})
     assert math.isinf(clean_metrics["epsilon"]) and noisy_metrics["sigma"] == 0.5
     assert (noisy["centroids"] - clean["centroids"]).std().item() == pytest.approx(0.5, rel=0.15)
     assert calibrated_metrics["epsilon"] == pytest.approx(5.0, rel=1e-3) and calibrated_metrics["sigma"] > 0
@@ -53,11 +53,11 @@ def test_noise_reaches_the_uploaded_centroids():
 
 def test_defaults_are_the_papers():
     cfg = parse_config({})
-    assert cfg["fedup-epsilon"] == 10.0 and cfg["fedup-delta"] == 0.0 and cfg["fedup-dp-bound"] == "eq21"
-    assert cfg["fedup-alpha"] == 0.5 and cfg["fedup-forget-centroids"] == "paper"
-    assert (cfg["fedup-optimizer"], cfg["fedup-epochs"], cfg["fedup-batch-size"]) == ("sgd", 50, 10)
-    assert cfg["fedup-filter"] == "official" and math.isinf(cfg["fedup-clip"])
-    assert fedup_settings.filter_lr(cfg) == cfg["lr"] and fedup_settings.filter_lr(parse_config({"fedup-lr": 0.1})) == 0.1
+    assert cfg["fedup.epsilon"] == 10.0 and cfg["fedup.delta"] == 0.0 and cfg["fedup.dp-bound"] == "eq21"
+    assert cfg["fedup.alpha"] == 0.5 and cfg["fedup.forget-centroids"] == "paper"
+    assert (cfg["fedup.optimizer"], cfg["fedup.epochs"], cfg["fedup.batch-size"]) == ("sgd", 50, 10)
+    assert cfg["fedup.filter"] == "official" and math.isinf(cfg["fedup.clip"])
+    assert fedup_settings.filter_lr(cfg) == cfg["lr"] and fedup_settings.filter_lr(parse_config({"fedup.lr": 0.1})) == 0.1
 
 
 def test_default_release_is_noised_at_epsilon_10_with_delta_one_over_its_own_count():
@@ -90,7 +90,7 @@ def test_a_default_run_is_private_per_client_with_delta_one_over_n_i(monkeypatch
 
 
 def test_class_scenario_relabels_the_forgotten_class_on_the_client():
-    uploaded, metrics, data = release({"fedup-epsilon": math.inf})
+    uploaded, metrics, data = release({"fedup.epsilon": math.inf})
     assert len(data.forget_y) > 0 and bool((data.forget_y == RUN["forget-class"]).all())
     assert metrics["relabelled"] == len(data.forget_y) and metrics["dropped"] == 0
     assert not bool((uploaded["labels"] == RUN["forget-class"]).any())  # no centroid keeps the forgotten label
@@ -100,7 +100,7 @@ def test_class_scenario_relabels_the_forgotten_class_on_the_client():
 
 @pytest.mark.parametrize("client", [0, 1, 2])
 def test_sample_scenario_uploads_nothing_of_the_forget_samples(client):
-    run = {"scenario": "sample", "forget-client": 1, "fedup-epsilon": math.inf}
+    run = {"scenario": "sample", "forget-client": 1, "fedup.epsilon": math.inf}
     uploaded, metrics, data = release(run, client=client)
     assert metrics["num-examples"] == len(data.retain_y) == int(uploaded["counts"].sum())
     assert metrics["dropped"] == len(data.forget_y) and (len(data.forget_y) > 0) == (client == 1)
@@ -109,13 +109,13 @@ def test_sample_scenario_uploads_nothing_of_the_forget_samples(client):
     without = dataclasses.replace(data, forget_x=data.forget_x[:0], forget_y=data.forget_y[:0])
     alone = fedup_client.centroid_release(cfg, without, task_for("digits-lenet5").build_model([], seed=0))
     assert torch.equal(alone["centroids"]["centroids"], uploaded["centroids"])
-    _, divert_metrics, _ = release({**run, "fedup-forget-centroids": "divert"}, client=client)
+    _, divert_metrics, _ = release({**run, "fedup.forget-centroids": "divert"}, client=client)
     assert divert_metrics["num-examples"] == len(data.retain_y) + len(data.forget_y)  # the non-default alternative
 
 
 @pytest.mark.parametrize("mode, asked", [("paper", [0, 2]), ("divert", [0, 1, 2])])
 def test_the_leaving_client_is_not_asked_in_the_client_scenario(monkeypatch, mode, asked):
-    run = {**RUN, "scenario": "client", "forget-client": 1, "fedup-forget-centroids": mode}
+    run = {**RUN, "scenario": "client", "forget-client": 1, "fedup.forget-centroids": mode}
     seen = []
     real = fedup_client.centroid_release
 
@@ -179,5 +179,5 @@ def test_a_one_sample_client_releases_nothing_under_noise_and_its_point_without(
     model = task_for("digits-lenet5").build_model([], seed=0)
     noised = fedup_client.centroid_release(parse_config(RUN, num_clients=3), one, model)
     assert noised["centroids"]["centroids"].shape == (0, model.feature_dim) and noised["metrics"]["skipped"] == 1
-    plain = fedup_client.centroid_release(parse_config({**RUN, "fedup-epsilon": math.inf}, num_clients=3), one, model)
+    plain = fedup_client.centroid_release(parse_config({**RUN, "fedup.epsilon": math.inf}, num_clients=3), one, model)
     assert plain["centroids"]["centroids"].shape == (1, model.feature_dim) and plain["metrics"]["sigma"] == 0.0

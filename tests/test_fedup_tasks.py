@@ -21,7 +21,7 @@ WRITERS = {
 def test_fedup_runs_and_restores_on_every_vision_task(tmp_path, task):
     WRITERS[task](tmp_path / "data", np.random.default_rng(0))
     config = {"task": task, "method": "fedup", "scenario": "sample", "data-dir": str(tmp_path / "data"),
-              "pretrain-rounds": 1, "local-epochs": 1, "continue-rounds": 1, "fedup-epochs": 2,
+              "pretrain-rounds": 1, "local-epochs": 1, "continue-rounds": 1, "fedup.epochs": 2,
               "mia-max-samples": 10, "diagnostic-samples": 5,
               "cache-dir": str(tmp_path / "cache"), "outputs-dir": str(tmp_path / "out")}
     folder = run_inprocess(config, num_clients=2)

@@ -255,19 +255,19 @@ def test_firm_merge_forms_gamma_times_role_averages():
 @pytest.mark.parametrize(
     "call, key",
     [
-        (lambda: normalise_and_sparsify(torch.ones(3), alpha=0.0, eps0=1e-8), "firm-alpha"),
-        (lambda: normalise_and_sparsify(torch.ones(3), alpha=1.5, eps0=1e-8), "firm-alpha"),
-        (lambda: normalise_and_sparsify(torch.ones(3), alpha=0.1, eps0=0.0), "firm-eps0"),
+        (lambda: normalise_and_sparsify(torch.ones(3), alpha=0.0, eps0=1e-8), "firm.alpha"),
+        (lambda: normalise_and_sparsify(torch.ones(3), alpha=1.5, eps0=1e-8), "firm.alpha"),
+        (lambda: normalise_and_sparsify(torch.ones(3), alpha=0.1, eps0=0.0), "firm.eps0"),
         (lambda: normalise_and_sparsify(torch.tensor([1.0, -1.0]), alpha=0.5, eps0=1e-8), "non-negative"),
         (lambda: normalise_and_sparsify(torch.tensor([1.0, math.nan]), alpha=0.5, eps0=1e-8), "finite"),
-        (lambda: project(torch.ones(3), [torch.ones(3)], 0.0), "firm-epsilon"),
-        (lambda: project(torch.ones(3), [torch.ones(3)], -1.0), "firm-epsilon"),
+        (lambda: project(torch.ones(3), [torch.ones(3)], 0.0), "firm.epsilon"),
+        (lambda: project(torch.ones(3), [torch.ones(3)], -1.0), "firm.epsilon"),
         (lambda: project(torch.ones(3), [torch.ones(4)], 1.0), "shapes differ"),
         (lambda: project(torch.ones(3), [torch.tensor([1.0, math.inf, 0.0])], 1.0), "finite"),
         (lambda: project(torch.ones(3), [torch.ones(3), torch.tensor([1.0, -1.0, 0.0])], 1.0), "non-negative"),
         (lambda: project(torch.ones(3), [torch.tensor([0.0, math.nan, 0.0])], 1.0), "finite"),
         (lambda: fisher_weighted_average([torch.ones(3)], [torch.ones(2)], 1e-8), "shapes differ"),
-        (lambda: firm_merge([{"w": torch.ones(2)}], [{"w": torch.ones(2)}], [0], [], [], gamma=-1.0), "firm-gamma"),
+        (lambda: firm_merge([{"w": torch.ones(2)}], [{"w": torch.ones(2)}], [0], [], [], gamma=-1.0), "firm.gamma"),
     ],
 )
 def test_bad_settings_raise_one_line_value_errors(call, key):

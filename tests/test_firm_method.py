@@ -61,7 +61,7 @@ def work(tmp_path_factory):
 def runs(work):
     cache, out = work / "cache", work / "out"
     return {
-        "firm": run(cache, out, method="firm", **{"firm-epsilon": EPSILON, "continue-rounds": 1}),
+        "firm": run(cache, out, method="firm", **{"firm.epsilon": EPSILON, "continue-rounds": 1}),
         "sum": run(cache, out, method="sum"),
         "ties": run(cache, out, method="ties"),
         "fulm": run(cache, out, method="fulm"),
@@ -143,7 +143,7 @@ def test_no_well_formed_forget_upload_stops_the_run_in_one_line(work):
 
 def _fisher_query(adapter, role="forget", objective="ascent", pid=0, run=TINY_LLM):
     InProcessGrid(4, run)  # sets Flower's task identity for the messages below
-    config = {"role": role, "objective": objective, "server-round": 1, "llm-epochs": 1, "llm-lr": 1e-3,
+    config = {"role": role, "objective": objective, "server-round": 1, "llm-epochs": 1, "llm.lr": 1e-3,
               "fisher-batches": 4}
     message = Message(RecordDict({"arrays": ArrayRecord(adapter), "config": ConfigRecord(config)}),
                       dst_node_id=NODE_OFFSET + pid, message_type="query.fisher")
@@ -184,7 +184,7 @@ def test_forget_task_vector_is_the_ga_update(trained_adapter):
     reply, context = _fisher_query(trained_adapter)
     vector = reply.content["task-vector"].to_torch_state_dict()
     config = ConfigRecord({"role": "forget", "objective": "ascent", "server-round": 1, "llm-epochs": 1,
-                           "llm-lr": 1e-3})
+                           "llm.lr": 1e-3})
     train = Message(RecordDict({"arrays": ArrayRecord(trained_adapter), "config": config}),
                     dst_node_id=NODE_OFFSET, message_type="train")
     trained = app(train, context).content["arrays"].to_torch_state_dict()
@@ -203,18 +203,18 @@ def test_fisher_query_on_a_vision_task_is_refused():
 
 
 @pytest.mark.parametrize("overrides,fragment", [
-    ({"firm-alpha": 0.0}, "'firm-alpha'=0.0 is not allowed: must be in (0, 1]"),
-    ({"firm-alpha": 1.5}, "'firm-alpha'=1.5"),
-    ({"firm-eps0": 0.0}, "'firm-eps0'=0.0 is not allowed: must be > 0 and finite"),
-    ({"firm-epsilon": 0.0}, "'firm-epsilon'=0.0 is not allowed: must be > 0"),
-    ({"firm-gamma": -1.0}, "'firm-gamma'=-1.0 is not allowed: must be >= 0 and finite"),
-    ({"firm-gamma": math.inf}, "'firm-gamma'=inf"),
-    ({"firm-forget-objective": "npo"}, "must be one of ascent, rmu"),
-    ({"firm-fisher-batches": 0}, "'firm-fisher-batches'=0"),
-    ({"sum-scale": 0.0}, "'sum-scale'=0.0"),
-    ({"avg-scale": math.inf}, "'avg-scale'=inf"),
-    ({"ties-density": 0.0}, "'ties-density'=0.0"),
-    ({"fulm-threshold": 1.5}, "'fulm-threshold'=1.5 is not allowed: must be in [-1, 1]"),
+    ({"firm.alpha": 0.0}, "'firm.alpha'=0.0 is not allowed: must be in (0, 1]"),
+    ({"firm.alpha": 1.5}, "'firm.alpha'=1.5"),
+    ({"firm.eps0": 0.0}, "'firm.eps0'=0.0 is not allowed: must be > 0 and finite"),
+    ({"firm.epsilon": 0.0}, "'firm.epsilon'=0.0 is not allowed: must be > 0"),
+    ({"firm.gamma": -1.0}, "'firm.gamma'=-1.0 is not allowed: must be >= 0 and finite"),
+    ({"firm.gamma": math.inf}, "'firm.gamma'=inf"),
+    ({"firm.forget-objective": "npo"}, "must be one of ascent, rmu"),
+    ({"firm.fisher-batches": 0}, "'firm.fisher-batches'=0"),
+    ({"sum.scale": 0.0}, "'sum.scale'=0.0"),
+    ({"avg.scale": math.inf}, "'avg.scale'=inf"),
+    ({"ties.density": 0.0}, "'ties.density'=0.0"),
+    ({"fulm.threshold": 1.5}, "'fulm.threshold'=1.5 is not allowed: must be in [-1, 1]"),
 ])
 def test_bad_firm_config_is_one_line(overrides, fragment):
     with pytest.raises(ConfigError) as err:

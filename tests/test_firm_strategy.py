@@ -115,10 +115,10 @@ def test_finite_epsilon_projection_satisfies_every_retain_budget():
 
 
 def test_settings_are_validated_and_read_from_run_config():
-    firm = FIRM.from_config({"firm-gamma": 2, "firm-alpha": 0.2, "firm-epsilon": "inf", "other": 1})
+    firm = FIRM.from_config({"firm.gamma": 2, "firm.alpha": 0.2, "firm.epsilon": "inf", "other": 1})
     assert (firm.gamma, firm.alpha, firm.eps0, firm.epsilon) == (2.0, 0.2, 1e-8, math.inf)
-    for kwargs, key in (({"gamma": -1}, "firm-gamma"), ({"alpha": 0}, "firm-alpha"),
-                        ({"eps0": 0}, "firm-eps0"), ({"epsilon": 0}, "firm-epsilon")):
+    for kwargs, key in (({"gamma": -1}, "firm.gamma"), ({"alpha": 0}, "firm.alpha"),
+                        ({"eps0": 0}, "firm.eps0"), ({"epsilon": 0}, "firm.epsilon")):
         with pytest.raises(ValueError, match=key):
             firm_aggregate(federation(), **kwargs)
 

@@ -27,7 +27,7 @@ def test_flwr_run_stream_end_to_end(tmp_path):
     home = tmp_path / "flwr-home"
     out = tmp_path / "out"
     run_config = (f"method='fedup' scenario='class' pretrain-rounds=2 continue-rounds=1 local-epochs=1 "
-                  f"fedup-epochs=20 mia-max-samples=30 cache-dir='{tmp_path / 'cache'}' outputs-dir='{out}'")
+                  f"fedup.epochs=20 mia-max-samples=30 cache-dir='{tmp_path / 'cache'}' outputs-dir='{out}'")
     with LocalSimulation(home) as simulation:
         assert local_superlink_pids(home)
         proc = simulation.flwr("run", ".", "--stream", "--federation-config",

@@ -118,7 +118,7 @@ def test_layer_sensitivity_is_the_data_weighted_manhattan_distance_and_picks_the
     diff = layer_sensitivity(start, [one, two], [3, 1], ["a", "b", "c"])
     assert diff == pytest.approx({"a": 0.75 * 6, "b": 0.25 * 6, "c": 0.75 * 10})
     assert critical_layers(diff, 2) == ["a", "c"]  # the most sensitive, in model order
-    with pytest.raises(ValueError, match="fused-cli-layers'=4 .* must be in 1..3"):
+    with pytest.raises(ValueError, match="fused.cli-layers'=4 .* must be in 1..3"):
         critical_layers(diff, 4)
     with pytest.raises(ValueError, match="no parameters"):
         layer_sensitivity(start, [one], [1], ["d"])
@@ -160,14 +160,14 @@ def test_layer_errors_are_one_line_and_name_the_setting():
                             (["features.2"], "is a ReLU"), (["head", "head"], "names a layer twice"), ([], "no layer")):
         with pytest.raises(ValueError, match=needle) as err:
             check_targets(model, targets)
-        assert "fused-layers" in str(err.value) and "\n" not in str(err.value)
-    with pytest.raises(ConfigError, match="run-config 'fused-layers': the model has no layer 'conv1'"):
-        parse_config({"method": "fused", "fused-layers": "conv1,head"})
+        assert "fused.layers" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="run-config 'fused.layers': the model has no layer 'conv1'"):
+        parse_config({"method": "fused", "fused.layers": "conv1,head"})
     assert target_layers("lenet5", " features.4 , head", model) == ["features.4", "head"]
-    with pytest.raises(ConfigError, match="fused-dropout"):
-        parse_config({"method": "fused", "fused-dropout": 1.5})
-    with pytest.raises(ConfigError, match="fused-cli-layers'=6 is not allowed: must be in 0..5"):
-        parse_config({"method": "fused", "fused-layers": "cli", "fused-cli-layers": 6})
+    with pytest.raises(ConfigError, match="fused.dropout"):
+        parse_config({"method": "fused", "fused.dropout": 1.5})
+    with pytest.raises(ConfigError, match="fused.cli-layers'=6 is not allowed: must be in 0..5"):
+        parse_config({"method": "fused", "fused.layers": "cli", "fused.cli-layers": 6})
     with pytest.raises(ConfigError, match="'method'='fused' needs a task of kind vision") as err:
         parse_config({"method": "fused", "task": "llm-tofu"})
     assert "\n" not in str(err.value)
@@ -175,8 +175,8 @@ def test_layer_errors_are_one_line_and_name_the_setting():
 
 def test_text_table_adapts_the_last_trained_encoder_layer_and_the_head():
     for layers, last in ((1, 0), (2, 1)):
-        cfg = parse_config({"task": "text-minilm", "method": "fused", "text-train-layers": layers})
+        cfg = parse_config({"task": "text-minilm", "method": "fused", "text.train-layers": layers})
         targets = target_layers(cfg.task.arch, "auto", cfg.task.model_outline(cfg))
         assert targets == [f"features.layers.{last}.intermediate.dense", f"features.layers.{last}.output.dense", "head"]
-    with pytest.raises(ConfigError, match="trains none \\(text-train-layers=0\\)"):
-        parse_config({"task": "text-minilm", "method": "fused", "text-train-layers": 0})
+    with pytest.raises(ConfigError, match="trains none \\(text.train-layers=0\\)"):
+        parse_config({"task": "text-minilm", "method": "fused", "text.train-layers": 0})

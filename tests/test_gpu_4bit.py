@@ -48,8 +48,8 @@ from tasks.llm.train import mean_answer_loss, qa_batches  # noqa: E402
 
 DEVICE = torch.device("cuda")
 RANK, ALPHA = 8, 16.0
-RUN_CONFIG = {"task": "llm-tofu", "method": "firm", "llm-load-in-4bit": True, "llm-lora-rank": RANK,
-              "llm-lora-alpha": ALPHA, "llm-batch-size": 8, "seed": 0}
+RUN_CONFIG = {"task": "llm-tofu", "method": "firm", "llm.load-in-4bit": True, "llm.lora-rank": RANK,
+              "llm.lora-alpha": ALPHA, "llm.batch-size": 8, "seed": 0}
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,7 @@ def test_fresh_four_bit_adapter_is_the_full_precision_one_rounded_to_bfloat16():
 # --------------------------------------------------------------------------- training
 def test_lora_finetuning_of_the_four_bit_model_lowers_the_loss(cfg, records):
     model, tokenizer = _build(load_in_4bit=True)
-    batches = qa_batches(records["all"], tokenizer, cfg["llm-batch-size"], seed=0)
+    batches = qa_batches(records["all"], tokenizer, cfg["llm.batch-size"], seed=0)
     packed = {name: layer.get_base_layer().weight.detach().clone() for name, layer in _lora_layers(model).items()}
     before = mean_answer_loss(model, batches)
     last = local_update(model, tokenizer, records["all"], cfg=cfg, epochs=8, lr=5e-3, seed=0)
@@ -164,9 +164,9 @@ def test_firm_upload_of_a_four_bit_client_matches_a_full_precision_clients(cfg, 
     load_adapter_state(model, fresh)
     local_update(model, tokenizer, records["all"], cfg=cfg, epochs=3, lr=5e-3, seed=1)
     original = {k: v.clone() for k, v in adapter_state(model).items()}  # no alias of the live adapter
-    settings = {"role": "forget", "objective": "ascent", "epochs": cfg["llm-unlearn-epochs"],
-                "lr": cfg["llm-unlearn-lr"], "seed": 7, "fisher_batches": cfg["firm-fisher-batches"]}
-    batches = qa_batches(records["forget"], tokenizer, cfg["llm-batch-size"], settings["seed"])
+    settings = {"role": "forget", "objective": "ascent", "epochs": cfg["llm.unlearn-epochs"],
+                "lr": cfg["llm.unlearn-lr"], "seed": 7, "fisher_batches": cfg["firm.fisher-batches"]}
+    batches = qa_batches(records["forget"], tokenizer, cfg["llm.batch-size"], settings["seed"])
 
     # 4-bit client: Fisher on the full-precision twin carrying the received adapter (strategies.firm.client.fisher_query)
     load_adapter_state(model, original)

@@ -98,9 +98,9 @@ def test_bad_arguments_are_rejected():
     data = forget_data()
     with pytest.raises(ValueError, match="adapter_index"):
         train_adapter_ascent(model, 1, data, steps=1, lr=0.1, seed=0)
-    with pytest.raises(ValueError, match="lethe-adapter-steps"):
+    with pytest.raises(ValueError, match="lethe.adapter-steps"):
         train_adapter_ascent(model, 0, data, steps=-1, lr=0.1, seed=0)
-    with pytest.raises(ValueError, match="lethe-adapter-lr"):
+    with pytest.raises(ValueError, match="lethe.adapter-lr"):
         train_adapter_ascent(model, 0, data, steps=1, lr=0.0, seed=0)
     with pytest.raises(ValueError, match="dim"):
         LetheAdapter(0, seed=0)
@@ -131,7 +131,7 @@ def test_each_ascent_step_moves_the_adapter_by_lr():
 
 def test_a_saturated_model_is_still_ascended_along_its_label_margin():
     """Every forget sample is class 0 with a logit lead of 200: the float32 cross-entropy is 0 and its
-    gradient exactly 0. The bounded ascent (guard-bounded-ascent) then lowers the label's margin
+    gradient exactly 0. The bounded ascent (guard.bounded-ascent) then lowers the label's margin
     instead, by lr per step, and the margin shrinks; the paper's plain ascent has nothing to follow."""
     model = with_adapter()
     with torch.no_grad():

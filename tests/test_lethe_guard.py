@@ -36,7 +36,7 @@ def test_verdicts_and_their_precedence():
     # no retained report: the utility check cannot be made, the forget checks still are
     assert rectify_verdict(1.0, 12.0, None, None, 0.5) == "go"
     assert rectify_verdict(40.0, 12.0, None, None, 0.5) == "overshoot"
-    assert rectify_verdict(40.0, math.inf, None, None, 0.5) == "go"  # guard-stop-loss=inf never overshoots
+    assert rectify_verdict(40.0, math.inf, None, None, 0.5) == "go"  # guard.stop-loss=inf never overshoots
 
 
 def test_scale_update_only_shortens():
@@ -83,8 +83,8 @@ class Linear(torch.nn.Module):
 def rectify(script, rounds=5, forget_delta=-1.0, start=0.0, retain_delta=1.0, forget_accs=(), later_pass=False,
             **overrides):
     # the base bounds (0.5 nats), not the client scenario's own
-    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "client", "lethe-rectify-rounds": rounds,
-                        "guard-step-clip": 1.0, "guard-retain-rise": 0.5, **overrides})
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "client", "lethe.rectify-rounds": rounds,
+                        "guard.step-clip": 1.0, "guard.retain-rise": 0.5, **overrides})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -130,7 +130,7 @@ def test_overshoot_that_no_halving_fixes_is_rolled_back():
 
 
 def test_lost_retained_utility_rolls_the_step_back():
-    # retained loss 0.2 on the start, 0.9 after round 2's step (+0.7 > guard-retain-rise 0.5)
+    # retained loss 0.2 on the start, 0.9 after round 2's step (+0.7 > guard.retain-rise 0.5)
     weight, history, guard, _, rounds = rectify([(1.0, 0.2), (5.0, 0.2), (6.0, 0.9)])
     assert weight == 1.0 and guard["action"] == "rolled-back" and guard["verdict"] == "utility"
     assert guard["round"] == 2 and history[-1]["verdict"] == "utility" and rounds == 3
@@ -138,7 +138,7 @@ def test_lost_retained_utility_rolls_the_step_back():
     weight, _, guard, _, _ = rectify([(1.0, 0.2), (5.0, 0.2), (15.0, 2.3)])
     assert weight == 1.0 and guard["verdict"] == "utility"
     # a looser bound accepts it
-    weight, _, guard, _, _ = rectify([(1.0, 0.2), (5.0, 0.2), (15.0, 2.3)], **{"guard-retain-rise": 3.0})
+    weight, _, guard, _, _ = rectify([(1.0, 0.2), (5.0, 0.2), (15.0, 2.3)], **{"guard.retain-rise": 3.0})
     assert weight == 2.0 and guard["action"] == "none"
 
 
@@ -177,7 +177,7 @@ def test_a_shortened_step_short_of_the_stop_lets_rectification_go_on():
 
 def test_a_step_that_would_be_non_finite_is_never_applied():
     # unclipped, the step -forget = +2e38 takes a weight of 2e38 past float32's largest value
-    weight, history, guard, _, _ = rectify([(1.0, 0.2)], forget_delta=-2e38, start=2e38, **{"guard-step-clip": 0.0})
+    weight, history, guard, _, _ = rectify([(1.0, 0.2)], forget_delta=-2e38, start=2e38, **{"guard.step-clip": 0.0})
     assert weight == pytest.approx(2e38) and guard["action"] == "refused" and history[-1]["verdict"] == "explode"
 
 
@@ -196,8 +196,8 @@ def test_round_cap_leaves_the_last_step_for_restore_to_check():
 def test_restore_rolls_back_an_unchecked_last_step_that_overshot():
     """The round cap ended rectification: restore's first round reports the forget loss of the last
     step's model; past 3x the stop it is rolled back and the round is run again from the model before."""
-    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "client", "lethe-rectify-rounds": 2,
-                        "lethe-restore-rounds": 1, "guard-retain-rise": 0.5})
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "client", "lethe.rectify-rounds": 2,
+                        "lethe.restore-rounds": 1, "guard.retain-rise": 0.5})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -218,7 +218,7 @@ def test_restore_rolls_back_an_unchecked_last_step_that_overshot():
 
 
 def test_a_restore_round_that_would_be_non_finite_is_not_applied():
-    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 3})
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe.restore-rounds": 3})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -241,7 +241,7 @@ def test_a_restore_round_that_would_be_non_finite_is_not_applied():
 def test_a_restore_step_that_costs_retained_utility_is_rolled_back():
     """Restore round 3's retained clients report 2.4 nats against 0.2 in round 1: round 2's step
     broke utility, so it is undone and restore stops (the model after round 1 is kept)."""
-    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 4})
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe.restore-rounds": 4})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -261,7 +261,7 @@ def test_a_vanishing_retain_stream_does_not_stop_rectification():
     assert weight == pytest.approx(0.1, rel=1e-4)
     weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6)  # client: the same floor
     assert weight == pytest.approx(0.1, rel=1e-4)
-    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, **{"guard-clip-floor": 0.0})
+    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, **{"guard.clip-floor": 0.0})
     assert weight == pytest.approx(1e-6, rel=1e-3)
     # an ordinary retain stream (|retain| 1 > 0.1 |forget|) still sets the bound, as before
     weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)])
@@ -307,12 +307,12 @@ def test_the_lift_is_recorded_and_off_in_a_first_pass_of_the_class_scenario():
     _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="class")  # floor 0
     assert history[0]["retain_lift"] == 1.0
     _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="sample",
-                             **{"guard-step-clip": 0.0})  # the step-clip guard off: no lift either
+                             **{"guard.step-clip": 0.0})  # the step-clip guard off: no lift either
     assert history[0]["retain_lift"] == 1.0
 
 
 def test_a_verify_pass_lifts_the_vanishing_retain_stream_where_the_scenario_does_not():
-    """The recipe's class scenario has no floor (guard-clip-floor 0): a first pass keeps the vanishing
+    """The recipe's class scenario has no floor (guard.clip-floor 0): a first pass keeps the vanishing
     stream; a verify pass starts from a restored model that fits the retained data, so it lifts to
     VERIFY_LIFT x |forget|."""
     script = [(1.0, 0.2), (15.0, 0.2)]
@@ -321,9 +321,9 @@ def test_a_verify_pass_lifts_the_vanishing_retain_stream_where_the_scenario_does
     assert first[0]["retain_lift"] == 1.0
     assert later[0]["retain_lift"] == pytest.approx(0.1 * 1.0 / 1e-6, rel=1e-3)
     # the sample scenario's own floor is kept when it is the larger; with the step-clip guard off nothing is lifted
-    _, later, *_ = rectify(script, retain_delta=1e-6, scenario="sample", later_pass=True, **{"guard-clip-floor": 0.3})
+    _, later, *_ = rectify(script, retain_delta=1e-6, scenario="sample", later_pass=True, **{"guard.clip-floor": 0.3})
     assert later[0]["retain_lift"] == pytest.approx(0.3 * 1.0 / 1e-6, rel=1e-3)
-    _, later, *_ = rectify(script, retain_delta=1e-6, later_pass=True, **{"guard-step-clip": 0.0})
+    _, later, *_ = rectify(script, retain_delta=1e-6, later_pass=True, **{"guard.step-clip": 0.0})
     assert later[0]["retain_lift"] == 1.0
 
 
@@ -345,7 +345,7 @@ def test_restore_keeps_the_model_the_retained_clients_rate_best():
     step 3: the model after step 2 is kept. Neither the model before any restore step nor the one
     after a single step is a candidate where restore took more (restore makes forgetting last); a
     non-finite report is never chosen."""
-    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 3})
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe.restore-rounds": 3})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -363,7 +363,7 @@ def test_restore_keeps_the_model_the_retained_clients_rate_best():
     final = ScriptedLethe([(1.0, 0.05), (1.0, 0.3), (1.0, 0.35), (1.0, 0.25)]).restore_rounds(ctx, state, guard=guard)
     assert guard["restore_kept"] == 3 and final["lin.weight"][0, 0].item() == 3.0
     # a restore of one round has one candidate: the model after its step, however low the start's loss
-    cfg1 = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 1})
+    cfg1 = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe.restore-rounds": 1})
     ctx1 = UnlearnContext(fed, cfg1, None, model_factory=lambda plugins: Linear(), retrain=None)
     guard = {}
     final = ScriptedLethe([(1.0, 0.05), (1.0, 0.3)]).restore_rounds(ctx1, state, guard=guard)
@@ -381,8 +381,8 @@ def test_restore_goes_on_while_no_restored_model_is_near_the_start(monkeypatch):
     monkeypatch.setattr("strategies.lethe.restore.RESTORE_TARGET_RISE", 0.05)
 
     def run(script, extra, target=0.02):
-        cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 2,
-                            "guard-restore-extra-rounds": extra})
+        cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe.restore-rounds": 2,
+                            "guard.restore-extra-rounds": extra})
         fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
         fed.start_phase("unlearn")
         ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -408,8 +408,8 @@ def test_restore_goes_on_while_no_restored_model_is_near_the_start(monkeypatch):
 
 
 def restore_with_checkpoints(script, restore_rounds=1, search=0, search_rise=0.05):
-    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": restore_rounds,
-                        "guard-restore-extra-rounds": 0})
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe.restore-rounds": restore_rounds,
+                        "guard.restore-extra-rounds": 0})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -462,8 +462,8 @@ def test_a_restore_that_diverges_is_run_again_from_one_rectification_step_earlie
     0.2): its guard keeps round 0's model; with a retry, restore runs again from the checkpoint before
     the last rectification step (weight 1) and completes both rounds (1 + 2)."""
     def run(retries):
-        cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 2,
-                            "guard-restore-extra-rounds": 0})
+        cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe.restore-rounds": 2,
+                            "guard.restore-extra-rounds": 0})
         fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
         fed.start_phase("unlearn")
         ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -483,9 +483,9 @@ def test_a_restore_that_diverges_is_run_again_from_one_rectification_step_earlie
 
 def restore_bounded(script, start_loss=0.02):
     """Restore (two rounds, no extra round, no retry) held to the retained clients' ``start_loss`` on
-    the original + 0.5 (``guard-retain-rise``)."""
-    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe-restore-rounds": 2,
-                        "guard-restore-extra-rounds": 0})
+    the original + 0.5 (``guard.retain-rise``)."""
+    cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": "class", "lethe.restore-rounds": 2,
+                        "guard.restore-extra-rounds": 0})
     fed = Federation(None, round_timeout=1, min_reply_fraction=0.5)
     fed.start_phase("unlearn")
     ctx = UnlearnContext(fed, cfg, None, model_factory=lambda plugins: Linear(), retrain=None)
@@ -499,18 +499,18 @@ def restore_bounded(script, start_loss=0.02):
 def test_a_restore_that_broke_utility_is_run_again_at_half_the_lr():
     """Each restore reports 3 times (start, after step 1, after step 2, untrained) and keeps the model
     after step 2. At the run's lr it keeps one the retained clients rate at 0.65 > 0.02 + 0.5; again from the same backbone at
-    half the lr (also the LLM task's llm-lr), 0.05: that restore is kept."""
+    half the lr (also the LLM task's llm.lr), 0.05: that restore is kept."""
     weight, guard, configs, cfg = restore_bounded([(1.0, 0.2), (1.0, 0.6), (1.0, 0.65),
                                                    (1.0, 0.2), (1.0, 0.1), (1.0, 0.05)])
     assert weight == 2.0 and guard["restore_kept"] == 2 and guard["restore_losses"] == pytest.approx([0.2, 0.1, 0.05])
     assert guard["restore_halvings"] == [{"lr_scale": 1.0, "retain_loss": pytest.approx(0.65), "kept": False},
                                          {"lr_scale": 0.5, "retain_loss": pytest.approx(0.05), "kept": True}]
     assert [c["lr"] for c in configs] == [cfg["lr"]] * 3 + [cfg["lr"] / 2] * 3
-    assert [c.get("llm-lr") for c in configs] == [None] * 3 + [cfg["llm-lr"] / 2] * 3
+    assert [c.get("llm.lr") for c in configs] == [None] * 3 + [cfg["llm.lr"] / 2] * 3
     assert guard["action"] == "none" and guard["start_retain_loss"] == 0.02  # rectification's facts are kept
     # within the bound at the run's lr: one restore, its messages as before the rule
     weight, guard, configs, cfg = restore_bounded([(1.0, 0.2), (1.0, 0.4), (1.0, 0.45)])
-    assert "restore_halvings" not in guard and len(configs) == 3 and "llm-lr" not in configs[0]
+    assert "restore_halvings" not in guard and len(configs) == 3 and "llm.lr" not in configs[0]
     # above the bound at every lr: the restore rated best is kept (then Lethe.unlearn judges the pass)
     weight, guard, configs, cfg = restore_bounded([(1.0, 0.2), (1.0, 0.6), (1.0, 0.9), (1.0, 0.2), (1.0, 0.6),
                                                    (1.0, 0.7), (1.0, 0.2), (1.0, 0.6), (1.0, 0.8)])
@@ -534,7 +534,7 @@ class PassScriptedLethe(Lethe):
 
     def one_pass(self, ctx, start_loss=None):
         self.start_losses.append(start_loss)
-        self.rises.append(ctx.cfg["guard-walk-back"])
+        self.rises.append(ctx.cfg["guard.walk-back"])
         self.later.append(self.later_pass)
         self.starts.append(float(ctx.original.arrays.to_torch_state_dict()["lin.weight"][0, 0]))
         self.offsets.append(self.round_offset)
@@ -550,7 +550,7 @@ def verified(counts, scenario="class", guards=(), **overrides):
     """A scripted Lethe's result; the retry of an undone request is off unless ``overrides`` set it."""
     from strategies.common.base import ModelState
 
-    overrides.setdefault("guard-retry-walk-back", 0.0)  # at most guard-walk-back: no retry
+    overrides.setdefault("guard.retry-walk-back", 0.0)  # at most guard.walk-back: no retry
     cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", "scenario": scenario, "poison": "backdoor", **overrides})
     ctx = UnlearnContext(None, cfg, ModelState(ArrayRecord({"lin.weight": torch.zeros(2, 2)})),
                          model_factory=lambda plugins: Linear(), retrain=None)
@@ -577,10 +577,10 @@ def test_a_restored_model_that_still_knows_the_forget_set_gets_another_pass_from
 @pytest.mark.parametrize("pass2_loss, kept", [(2.33, 1), (0.4, 2)])
 def test_a_later_pass_that_broke_utility_is_never_kept(pass2_loss, kept):
     # the retained clients' loss: 0.016 on the original; pass 2's restore keeps a model they rate at
-    # pass2_loss; guard-retain-rise 0.5 => bound 0.516
+    # pass2_loss; guard.retain-rise 0.5 => bound 0.516
     guards = [{"start_retain_loss": 0.016, "restore_losses": [0.3, 0.04], "restore_kept": 1},
               {"start_retain_loss": 0.014, "restore_losses": [0.25, 3.7, pass2_loss], "restore_kept": 2}]
-    weight, details, lethe = verified([counts(86), counts(0)], guards=guards, **{"guard-verify-passes": 2})
+    weight, details, lethe = verified([counts(86), counts(0)], guards=guards, **{"guard.verify-passes": 2})
     utility = details["passes"][0]["utility"]
     assert utility["retain_loss"] == pass2_loss and utility["bound"] == pytest.approx(0.516)
     assert utility["broken"] is (kept == 1)
@@ -616,15 +616,15 @@ def test_a_first_pass_that_forgot_is_kept_and_checked_once():
 
 def test_when_every_pass_still_knows_the_one_that_knows_least_is_kept(caplog):
     with caplog.at_level("WARNING", logger="fedunlearn"):
-        weight, details, _ = verified([counts(20), counts(30)], **{"guard-verify-passes": 1})
+        weight, details, _ = verified([counts(20), counts(30)], **{"guard.verify-passes": 1})
     assert weight == 1.0 and details["kept_pass"] == 1 and details["kept_still_knows"] is True
     assert "the kept model (pass 1) still predicts 0.200 of the forget set" in caplog.text
-    weight, details, lethe = verified([counts(30), counts(20), counts(25)], **{"guard-verify-passes": 2})
+    weight, details, lethe = verified([counts(30), counts(20), counts(25)], **{"guard.verify-passes": 2})
     assert weight == 2.0 and lethe.starts == [0.0, 1.0, 2.0] and len(details["forget_checks"]) == 3
 
 
 def test_by_default_up_to_three_more_passes_run_and_stop_at_the_first_that_passes():
-    """The recipe's ``guard-verify-passes`` (3): a backdoor still known after two more passes gets a
+    """The recipe's ``guard.verify-passes`` (3): a backdoor still known after two more passes gets a
     third, which is kept once its check passes; a model that still knows after the third is not
     passed on to a fourth."""
     weight, details, lethe = verified([counts(74), counts(51), counts(31), counts(1)])
@@ -634,12 +634,12 @@ def test_by_default_up_to_three_more_passes_run_and_stop_at_the_first_that_passe
     assert len(lethe.starts) == 4 and details["kept_pass"] == 4  # no fifth pass; the least known kept
 
 
-RETRY = {"guard-retry-walk-back": 2.0, "guard-verify-passes": 1}
+RETRY = {"guard.retry-walk-back": 2.0, "guard.verify-passes": 1}
 
 
 def test_an_attempt_that_left_the_request_undone_is_retried_from_the_original_with_the_looser_walk_back(caplog):
     """Both passes of the first attempt still know the forget set (0.90, 0.80): one more attempt
-    from the original, with guard-walk-back 2; its pass 1 is a first pass (not a verify
+    from the original, with guard.walk-back 2; its pass 1 is a first pass (not a verify
     pass), its rounds are its own, and its model, which forgot, is kept."""
     with caplog.at_level("WARNING", logger="fedunlearn"):
         weight, details, lethe = verified([counts(90), counts(80), counts(0)], **RETRY)
@@ -649,7 +649,7 @@ def test_an_attempt_that_left_the_request_undone_is_retried_from_the_original_wi
     assert details["kept_still_knows"] is False and details["retry"] == {
         "backbone_rise": 2.0, "kept": True, "other": {"kept_pass": 2, "kept_still_knows": True,
                                                       "utility": details["utility"]}}
-    assert "one more attempt from the original with guard-walk-back 2" in caplog.text
+    assert "one more attempt from the original with guard.walk-back 2" in caplog.text
 
 
 def test_where_neither_attempt_carries_the_request_out_the_one_that_knows_less_is_kept():
@@ -673,7 +673,7 @@ def test_a_first_pass_that_broke_utility_is_retried_and_the_retry_is_held_to_the
 
 def test_no_retry_where_the_request_was_carried_out_unjudged_or_the_retry_bound_is_not_looser():
     for scripted, overrides in (([counts(1)], RETRY), ([counts(90), counts(80)], {**RETRY,
-                                "guard-retry-walk-back": 0.5}), ([None], RETRY)):
+                                "guard.retry-walk-back": 0.5}), ([None], RETRY)):
         weight, details, lethe = verified(scripted, **overrides)
         assert "retry" not in details and lethe.rises == [0.5] * len(lethe.starts)
 
@@ -686,11 +686,11 @@ def test_the_client_scenario_widens_its_forget_stream_and_the_recipe_gives_it_it
 
     def bounds(**run):
         cfg = parse_config({"method": "lethe", "recipe": "lethe-robust", **run})
-        return (forget_data(cfg), *(cfg[key] for key in ("guard-retain-rise", "guard-walk-back",
-                                                          "guard-retry-walk-back")))
+        return (forget_data(cfg), *(cfg[key] for key in ("guard.retain-rise", "guard.walk-back",
+                                                          "guard.retry-walk-back")))
 
     assert bounds(scenario="client") == ({"forget-all-data": True}, 2.0, 2.0, 4.0)
-    assert bounds(scenario="client", **{"guard-retain-rise": 1.5}) == ({"forget-all-data": True}, 1.5, 2.0, 4.0)
+    assert bounds(scenario="client", **{"guard.retain-rise": 1.5}) == ({"forget-all-data": True}, 1.5, 2.0, 4.0)
     assert bounds(scenario="sample") == ({}, 0.5, 0.5, 2.0)
     assert bounds(scenario="client", task="llm-tofu") == ({}, 0.5, 0.5, 2.0)
     assert forget_data(parse_config({"method": "lethe", "scenario": "client"}))
@@ -700,13 +700,13 @@ def test_the_client_scenarios_retry_loosens_the_bound_it_runs_under(caplog):
     """The whole-data stream's retry raises the walk-back bound in effect (2.0 -> 3.0)."""
     with caplog.at_level("WARNING", logger="fedunlearn"):
         weight, details, lethe = verified([counts(90), counts(80), counts(0)], scenario="client",
-                                          **{**RETRY, "guard-retry-walk-back": 3.0})
+                                          **{**RETRY, "guard.retry-walk-back": 3.0})
     assert lethe.rises == [2.0, 2.0, 3.0] and details["retry"]["kept"] is True
-    assert "guard-walk-back 3 (guard-retry-walk-back)" in caplog.text
+    assert "guard.walk-back 3 (guard.retry-walk-back)" in caplog.text
 
 
 def test_verify_off_or_unmeasurable_leaves_one_pass():
-    weight, details, lethe = verified([counts(90)], **{"guard-verify-passes": 0})
+    weight, details, lethe = verified([counts(90)], **{"guard.verify-passes": 0})
     assert weight == 1.0 and "forget_checks" not in details and lethe.counts  # not even asked
     weight, details, _ = verified([None])  # a task without forget counts (LLM)
     assert weight == 1.0 and "forget_checks" not in details

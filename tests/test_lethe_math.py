@@ -119,9 +119,9 @@ def test_weighted_average_uses_normalised_counts():
 
 @pytest.mark.parametrize("gamma", [0, -1.0, math.nan, math.inf])
 def test_bad_gamma_names_the_setting(gamma):
-    with pytest.raises(ValueError, match="lethe-gamma"):
+    with pytest.raises(ValueError, match="lethe.gamma"):
         rectify({"a": torch.ones(2)}, {"a": torch.ones(2)}, gamma)
-    with pytest.raises(ValueError, match="lethe-gamma"):
+    with pytest.raises(ValueError, match="lethe.gamma"):
         check_gamma({"a": None}, gamma)
 
 

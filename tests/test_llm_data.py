@@ -196,8 +196,8 @@ def test_public_sets_are_shared_out_once_and_the_synthetic_holdout_is_never_trai
         load_public_sets,
     )
 
-    cfg = parse_config({"task": "llm-tofu", "method": "none", "llm-num-authors": 8, "llm-qa-per-author": 3,
-                        "llm-forget-fraction": 0.25}, num_clients=3)
+    cfg = parse_config({"task": "llm-tofu", "method": "none", "llm.num-authors": 8, "llm.qa-per-author": 3,
+                        "llm.forget-fraction": 0.25}, num_clients=3)
     records = load_author_records(cfg)
     clients = [build_llm_client_data(cfg, records, pid, 3) for pid in range(3)]
     whole = load_public_sets(cfg, records)["holdout"]

@@ -21,10 +21,10 @@ from tasks.llm.federation_data import (
     load_author_records,
 )
 
-TINY_LLM = {"task": "llm-tofu", "method": "none", "scenario": "sample", "llm-num-authors": 8, "llm-qa-per-author": 3,
-            "llm-forget-fraction": 0.25, "pretrain-rounds": 2, "continue-rounds": 1, "llm-local-epochs": 1,
-            "llm-lr": 5e-3, "llm-batch-size": 8, "lethe-adapter-steps": 0, "lethe-rectify-rounds": 1,
-            "lethe-restore-rounds": 1, "llm-lora-rank": 4, "llm-max-new-tokens": 6}
+TINY_LLM = {"task": "llm-tofu", "method": "none", "scenario": "sample", "llm.num-authors": 8, "llm.qa-per-author": 3,
+            "llm.forget-fraction": 0.25, "pretrain-rounds": 2, "continue-rounds": 1, "llm.local-epochs": 1,
+            "llm.lr": 5e-3, "llm.batch-size": 8, "lethe.adapter-steps": 0, "lethe.rectify-rounds": 1,
+            "lethe.restore-rounds": 1, "llm.lora-rank": 4, "llm.max-new-tokens": 6}
 LLM_KEYS = ("forget_fact_acc", "retain_fact_acc", "forget_rouge", "retain_rouge", "forget_truth", "retain_truth",
             "kr", "forget_quality", "utility", "forget_acc", "forget_mc_acc", "retain_mc_acc")
 
@@ -102,8 +102,8 @@ def test_lethe_rectifies_the_lora_adapter(runs):
     ({"scenario": "class"}, "'scenario'='class' is not meaningful"),
     ({"poison": "label-flip"}, "'poison'='label-flip' is not meaningful"),
     ({"method": "fedup"}, "'method'='fedup' needs a task of kind vision"),
-    ({"method": "lethe", "lethe-adapter-steps": 5}, "'lethe-adapter-steps'=5"),
-    ({"llm-lora-rank": 0}, "'llm-lora-rank'=0"),
+    ({"method": "lethe", "lethe.adapter-steps": 5}, "'lethe.adapter-steps'=5"),
+    ({"llm.lora-rank": 0}, "'llm.lora-rank'=0"),
 ])
 def test_bad_llm_config_is_one_line(overrides, fragment):
     with pytest.raises(ConfigError) as err:
@@ -117,9 +117,9 @@ def test_llm_methods_need_the_llm_task():
 
 
 @pytest.mark.parametrize("overrides,fragment", [
-    ({"llm-model": "/nonexistent/model"}, "llm-model '/nonexistent/model' is neither"),
-    ({"llm-target-modules": "q_proj,wq"}, "llm-target-modules ['wq'] not in the model"),
-    ({"llm-num-authors": 3}, "'llm-num-authors'"),
+    ({"llm.model": "/nonexistent/model"}, "llm.model '/nonexistent/model' is neither"),
+    ({"llm.target-modules": "q_proj,wq"}, "llm.target-modules ['wq'] not in the model"),
+    ({"llm.num-authors": 3}, "'llm.num-authors'"),
 ])
 def test_bad_model_or_data_stops_before_any_message(tmp_path, overrides, fragment):
     config = {**TINY_LLM, "cache-dir": str(tmp_path), "outputs-dir": str(tmp_path), **overrides}
@@ -146,7 +146,7 @@ def write_tofu(folder, drop_column=None):
 
 def test_tofu_files_partition_by_author_and_join_perturbed_answers(tmp_path):
     records = write_tofu(tmp_path / "tofu")
-    cfg = parse_config({**TINY_LLM, "llm-data-dir": str(tmp_path / "tofu")}, num_clients=4)
+    cfg = parse_config({**TINY_LLM, "llm.data-dir": str(tmp_path / "tofu")}, num_clients=4)
     loaded = load_author_records(cfg)
     assert len(loaded) == 80 and loaded[20]["author"] == "tofu-author-1"
     assert sum(bool(r["perturbed_answer"]) for r in loaded) == 40
@@ -159,16 +159,16 @@ def test_tofu_files_partition_by_author_and_join_perturbed_answers(tmp_path):
 
 def test_tofu_file_missing_a_column_stops_before_any_message(tmp_path):
     write_tofu(tmp_path / "tofu", drop_column="answer")
-    config = {**TINY_LLM, "llm-data-dir": str(tmp_path / "tofu"), "cache-dir": str(tmp_path / "c")}
+    config = {**TINY_LLM, "llm.data-dir": str(tmp_path / "tofu"), "cache-dir": str(tmp_path / "c")}
     grid = InProcessGrid(4, config)
-    with pytest.raises(ConfigError, match="'llm-data-dir': .*missing column 'answer'"):
+    with pytest.raises(ConfigError, match="'llm.data-dir': .*missing column 'answer'"):
         Experiment(Federation(grid, round_timeout=60, min_reply_fraction=0.5), config).run()
     assert grid.sent_types == []
 
 
 def test_author_partition_is_deterministic_and_documented():
     authors = [f"a{i}" for i in range(10)]
-    cfg = parse_config({**TINY_LLM, "llm-forget-fraction": 0.3, "forget-client": 2})
+    cfg = parse_config({**TINY_LLM, "llm.forget-fraction": 0.3, "forget-client": 2})
     parts, forgotten = author_partition(cfg, authors, 4)
     assert forgotten == ["a7", "a8", "a9"] and set(forgotten) <= set(parts[2])
     assert sorted(a for p in parts for a in p) == sorted(authors) and sorted(map(len, parts)) == [2, 2, 3, 3]

@@ -45,14 +45,14 @@ def test_build_is_deterministic_in_the_seed():
 
 
 def test_bad_settings_raise_one_line_value_errors(tmp_path):
-    with pytest.raises(ValueError, match="llm-lora-rank"):
+    with pytest.raises(ValueError, match="llm.lora-rank"):
         build_llm("tiny", lora_rank=0, lora_alpha=8, seed=0)
     with pytest.raises(ValueError, match=r"not in the model.*q_proj") as error:
         build_llm("tiny", lora_rank=2, lora_alpha=4, target_modules=["c_attn"], seed=0)
     assert "\n" not in str(error.value)
-    with pytest.raises(ValueError, match="llm-model"):
+    with pytest.raises(ValueError, match="llm.model"):
         build_llm(str(tmp_path / "no-such-model"), lora_rank=2, lora_alpha=4, seed=0)
-    with pytest.raises(ValueError, match="llm-model") as error:
+    with pytest.raises(ValueError, match="llm.model") as error:
         build_llm(str(tmp_path), lora_rank=2, lora_alpha=4, seed=0)  # a folder without a model
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # a model folder without weights
     with pytest.raises(ValueError, match="could not be loaded") as error:
@@ -62,7 +62,7 @@ def test_bad_settings_raise_one_line_value_errors(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA refusal")
 def test_four_bit_without_cuda_is_refused_before_loading():
-    with pytest.raises(ValueError, match="llm-load-in-4bit"):
+    with pytest.raises(ValueError, match="llm.load-in-4bit"):
         build_llm("does-not-matter", lora_rank=2, lora_alpha=4, load_in_4bit=True, seed=0)
 
 
@@ -114,7 +114,7 @@ def test_qa_batches_mask_the_question_and_keep_the_answer(tiny):
             assert torch.equal(ids[labels != IGNORE_INDEX], kept)
             assert (labels[mask == 0] == IGNORE_INDEX).all()
             assert "?" in tokenizer.decode(ids[: int(mask.sum())][labels[: int(mask.sum())] == IGNORE_INDEX])
-    with pytest.raises(ValueError, match="llm-batch-size"):
+    with pytest.raises(ValueError, match="llm.batch-size"):
         qa_batches(records, tokenizer, batch_size=0, seed=0)
 
 
@@ -162,8 +162,8 @@ def test_full_precision_twin_carries_the_clients_adapter():
     from strategies.run_config import parse_config
     from tasks.llm.federation_model import full_precision_twin
 
-    cfg = parse_config({"task": "llm-tofu", "method": "firm", "llm-lora-rank": 4}, num_clients=2)
-    model, _ = build_llm("tiny", lora_rank=4, lora_alpha=cfg["llm-lora-alpha"], seed=5)
+    cfg = parse_config({"task": "llm-tofu", "method": "firm", "llm.lora-rank": 4}, num_clients=2)
+    model, _ = build_llm("tiny", lora_rank=4, lora_alpha=cfg["llm.lora-alpha"], seed=5)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:

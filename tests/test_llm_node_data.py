@@ -44,7 +44,7 @@ def write_tofu_node(folder, *, authors=3, qa=20, seed=3, author_column=False, pe
 
 def cfg_of(**overrides):
     return parse_config({"task": "llm-tofu", "method": "none", "scenario": "sample", "forget-client": 0,
-                         "llm-forget-fraction": 0.34, **overrides})
+                         "llm.forget-fraction": 0.34, **overrides})
 
 
 def test_tofu_layout_without_author_column_groups_20_rows_per_author(tmp_path):
@@ -59,7 +59,7 @@ def test_tofu_layout_without_author_column_groups_20_rows_per_author(tmp_path):
 def test_the_request_is_applied_on_the_node_by_the_runs_scenario(tmp_path):
     records = write_tofu_node(tmp_path / "node", authors=4, qa=3, author_column=True, perturbed="inline", public=True)
     path = str(tmp_path / "node")
-    leaving = build_node_client_data(cfg_of(**{"llm-forget-fraction": 0.25}), path, 0)
+    leaving = build_node_client_data(cfg_of(**{"llm.forget-fraction": 0.25}), path, 0)
     last = records[-1]["author"]
     assert leaving.forget_authors == [last] and len(leaving.forget) == 3 and len(leaving.retain) == 9
     assert leaving.protocol == "tofu" and len(leaving.evaluable("retain")) == 9
@@ -158,9 +158,9 @@ def test_hello_content_id_follows_the_files_so_the_model_cache_key_does(tmp_path
     assert keys[0] == keys[1] != keys[2]
 
 
-TINY = {"task": "llm-tofu", "method": "none", "scenario": "sample", "forget-client": 0, "llm-forget-fraction": 0.34,
-        "pretrain-rounds": 1, "continue-rounds": 1, "llm-local-epochs": 1, "llm-lr": 5e-3, "llm-batch-size": 8,
-        "llm-lora-rank": 4, "llm-max-new-tokens": 4}
+TINY = {"task": "llm-tofu", "method": "none", "scenario": "sample", "forget-client": 0, "llm.forget-fraction": 0.34,
+        "pretrain-rounds": 1, "continue-rounds": 1, "llm.local-epochs": 1, "llm.lr": 5e-3, "llm.batch-size": 8,
+        "llm.lora-rank": 4, "llm.max-new-tokens": 4}
 
 
 def _node_grid(tmp_path, config, folders, **options):

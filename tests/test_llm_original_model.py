@@ -15,9 +15,9 @@ from core.config import ConfigError
 from strategies.run_config import parse_config
 from tasks.llm.given_model import folder_sha256
 
-TINY_LLM = {"task": "llm-tofu", "method": "none", "scenario": "sample", "llm-num-authors": 8, "llm-qa-per-author": 3,
-            "llm-forget-fraction": 0.25, "pretrain-rounds": 2, "continue-rounds": 1, "llm-local-epochs": 1,
-            "llm-lr": 5e-3, "llm-batch-size": 8, "llm-lora-rank": 4, "llm-max-new-tokens": 6}
+TINY_LLM = {"task": "llm-tofu", "method": "none", "scenario": "sample", "llm.num-authors": 8, "llm.qa-per-author": 3,
+            "llm.forget-fraction": 0.25, "pretrain-rounds": 2, "continue-rounds": 1, "llm.local-epochs": 1,
+            "llm.lr": 5e-3, "llm.batch-size": 8, "llm.lora-rank": 4, "llm.max-new-tokens": 6}
 
 
 def _trained_adapter_folder(path, cfg) -> dict:
@@ -27,7 +27,7 @@ def _trained_adapter_folder(path, cfg) -> dict:
 
     from tasks.llm.model import build_llm
 
-    model, _ = build_llm(lora_rank=cfg["llm-lora-rank"], lora_alpha=cfg["llm-lora-alpha"], seed=cfg["seed"])
+    model, _ = build_llm(lora_rank=cfg["llm.lora-rank"], lora_alpha=cfg["llm.lora-alpha"], seed=cfg["seed"])
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_B" in name:
@@ -72,7 +72,7 @@ def test_the_folder_hash_changes_with_any_file(tmp_path):
 
 
 @pytest.mark.parametrize("make, fragment", [
-    ("other-rank", "is an adapter with lora-rank 8, the run's llm-lora-rank is 4"),
+    ("other-rank", "is an adapter with lora-rank 8, the run's llm.lora-rank is 4"),
     ("other-shapes", "is not a model of this task"),
     ("empty", r"holds neither adapter_config.json \+ adapter_model.safetensors"),
     ("merged-with-oracle", "is a merged model"),
@@ -83,13 +83,13 @@ def test_a_folder_that_does_not_fit_is_one_line_before_any_node_works(tmp_path, 
 
     folder = tmp_path / "given"
     if make == "other-rank":
-        cfg = parse_config({**TINY_LLM, "llm-lora-rank": 8})
+        cfg = parse_config({**TINY_LLM, "llm.lora-rank": 8})
         _trained_adapter_folder(folder, cfg)
     elif make == "other-shapes":  # tests/tiny_llm's Llama: another architecture; settings made to agree
         from peft import LoraConfig, get_peft_model
 
         get_peft_model(tiny_base(), LoraConfig(**{**LORA, "r": 4, "lora_alpha": 32.0,
-                                                  "target_modules": parse_config(TINY_LLM)["llm-target-modules"]
+                                                  "target_modules": parse_config(TINY_LLM)["llm.target-modules"]
                                                   .split(",")})).save_pretrained(str(folder))
     elif make == "empty":
         folder.mkdir()

@@ -75,10 +75,10 @@ def test_fulm_grows_with_more_clusters_but_avg_does_not():
     [
         (lambda: avg_merge([]), "at least one"),
         (lambda: sum_merge([_tv(1.0)], scale=float("nan")), "merge-scale"),
-        (lambda: ties_merge([_tv(1.0)], density=0.0), "ties-density"),
-        (lambda: fulm_merge([_tv(1.0)], density=2.0), "fulm-density"),
+        (lambda: ties_merge([_tv(1.0)], density=0.0), "ties.density"),
+        (lambda: fulm_merge([_tv(1.0)], density=2.0), "fulm.density"),
         (lambda: fulm_merge([_tv(1.0)], inter="max"), "fulm-inter"),
-        (lambda: fulm_merge([_tv(1.0)], threshold=2.0), "fulm-threshold"),
+        (lambda: fulm_merge([_tv(1.0)], threshold=2.0), "fulm.threshold"),
         (lambda: avg_merge([_tv(1.0), _tv(1.0, 2.0)]), "shapes"),
         (lambda: avg_merge([_tv(1.0), {"v": torch.ones(1)}]), "names"),
     ],

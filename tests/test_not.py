@@ -54,17 +54,17 @@ def test_negation_changes_what_a_lenet_predicts():
 
 
 def test_config_rejects_a_layer_the_model_lacks_before_any_work():
-    with pytest.raises(ConfigError, match=r"'not-layers' names 'features.99'.*task 'digits-lenet5'"):
-        parse_config({"method": "not", "scenario": "class", "not-layers": "features.99"})
-    cfg = parse_config({"method": "not", "scenario": "sample", "not-layers": "features.1,features.4"})
-    assert cfg["not-layers"] == "features.1,features.4"
-    with pytest.raises(ConfigError, match="'not-rounds'"):
-        parse_config({"method": "not", "not-rounds": -1})
+    with pytest.raises(ConfigError, match=r"'not.layers' names 'features.99'.*task 'digits-lenet5'"):
+        parse_config({"method": "not", "scenario": "class", "not.layers": "features.99"})
+    cfg = parse_config({"method": "not", "scenario": "sample", "not.layers": "features.1,features.4"})
+    assert cfg["not.layers"] == "features.1,features.4"
+    with pytest.raises(ConfigError, match="'not.rounds'"):
+        parse_config({"method": "not", "not.rounds": -1})
 
 
 @pytest.mark.parametrize("not_lr, sent", [(0.0, 0.05), (0.01, 0.01)])
 def test_refinement_rounds_train_at_not_lr_or_the_runs_lr(monkeypatch, not_lr, sent):
-    """``not-lr`` 0 (the default) refines at the run's ``lr``; a positive one replaces it for the
+    """``not.lr`` 0 (the default) refines at the run's ``lr``; a positive one replaces it for the
     refinement rounds only (the config the rounds send is what the clients train with)."""
     from flwr.app import ArrayRecord
 
@@ -80,9 +80,9 @@ def test_refinement_rounds_train_at_not_lr_or_the_runs_lr(monkeypatch, not_lr, s
 
     monkeypatch.setattr(strategy, "RoleFedAvg", lambda *args, **kwargs: None)
     monkeypatch.setattr(strategy, "run_rounds", fake_rounds)
-    cfg = parse_config({"method": "not", "scenario": "class", "lr": 0.05, "not-lr": not_lr})
+    cfg = parse_config({"method": "not", "scenario": "class", "lr": 0.05, "not.lr": not_lr})
     original = ModelState(ArrayRecord(task.build_model([], seed=0).state_dict()), [])
     ctx = UnlearnContext(fed=None, cfg=cfg, original=original,
                          model_factory=lambda plugins: task.build_model(plugins, seed=0), retrain=lambda: None)
     strategy.NoT().unlearn(ctx)
-    assert seen["config"]["lr"] == pytest.approx(sent) and seen["rounds"] == cfg["not-rounds"]
+    assert seen["config"]["lr"] == pytest.approx(sent) and seen["rounds"] == cfg["not.rounds"]

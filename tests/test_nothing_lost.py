@@ -289,7 +289,7 @@ def test_outputs_dir_that_is_a_file_stops_before_training(tmp_path):
     assert grid.sent_types == []
 
 
-@pytest.mark.parametrize("key", ["lr", "momentum", "dirichlet-alpha", "round-timeout", "fedup-alpha"])
+@pytest.mark.parametrize("key", ["lr", "momentum", "dirichlet-alpha", "round-timeout", "fedup.alpha"])
 def test_infinite_settings_are_rejected(key):
     with pytest.raises(ConfigError) as info:
         parse_config({key: math.inf})
@@ -297,8 +297,8 @@ def test_infinite_settings_are_rejected(key):
 
 
 def test_documented_infinities_stay_allowed():
-    cfg = parse_config({"fedup-epsilon": math.inf, "firm-epsilon": math.inf, "guard-stop-loss": math.inf})
-    assert all(math.isinf(cfg[k]) for k in ("fedup-epsilon", "firm-epsilon", "guard-stop-loss"))
+    cfg = parse_config({"fedup.epsilon": math.inf, "firm.epsilon": math.inf, "guard.stop-loss": math.inf})
+    assert all(math.isinf(cfg[k]) for k in ("fedup.epsilon", "firm.epsilon", "guard.stop-loss"))
 
 
 @pytest.mark.parametrize("overrides, fragment", [
@@ -322,9 +322,9 @@ def test_impossible_dirichlet_split_names_the_key_before_any_node_works(tmp_path
 def test_settings_of_another_task_or_method_are_named():
     from strategies.run_config import inapplicable_settings
 
-    cfg = parse_config({"method": "none", "llm-lr": 0.1, "fedup-clip": 5.0, "lethe-gamma": 0.2})
-    assert sorted(inapplicable_settings(cfg)) == ["fedup-clip (method fedup only)", "llm-lr (task llm-tofu only)"]
-    assert inapplicable_settings(parse_config({"method": "fedup", "fedup-clip": 5.0})) == []
+    cfg = parse_config({"method": "none", "llm.lr": 0.1, "fedup.clip": 5.0, "lethe.gamma": 0.2})
+    assert sorted(inapplicable_settings(cfg)) == ["fedup.clip (method fedup only)", "llm.lr (task llm-tofu only)"]
+    assert inapplicable_settings(parse_config({"method": "fedup", "fedup.clip": 5.0})) == []
 
 
 # ------------------------------------------------------------------ failures named and recorded

@@ -39,7 +39,7 @@ def test_projection_lands_on_the_sphere_and_leaves_inside_points_alone():
 def test_leaving_client_ascends_inside_the_ball_around_the_reference():
     task = task_for("digits-lenet5")
     cfg = parse_config({"method": "pga", "scenario": "client", "forget-client": 0, "local-epochs": 1,
-                        "pga-epochs": 2, "pga-random-models": 2}, num_clients=3)
+                        "pga.epochs": 2, "pga.random-models": 2}, num_clients=3)
     data = build_client_data(cfg, task.load_images(), 0, 3)
     model = task.build_model([], seed=0)
     reply = pga_query(task, cfg, data, model, {"weight": 0.3}, seed=5)

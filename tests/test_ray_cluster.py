@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow,
                                  reason="the ray CLI is not installed next to this Python")]
 
 CLIENTS = 4
-TINY = ("method='fedup' scenario='class' pretrain-rounds=2 continue-rounds=1 local-epochs=1 fedup-epochs=20 "
+TINY = ("method='fedup' scenario='class' pretrain-rounds=2 continue-rounds=1 local-epochs=1 fedup.epochs=20 "
         "mia-max-samples=30")
 
 

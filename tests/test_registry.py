@@ -28,22 +28,22 @@ def test_every_package_registers_methods_whose_strategy_matches_the_declaration(
 
 def test_a_method_owns_its_keys_and_another_methods_key_is_named_not_used():
     owned = {s.key for s in method_spec("fedup").settings}
-    assert "fedup-alpha" in owned and not any(k.startswith("lethe-") for k in owned)
-    cfg = parse_config({"method": "lethe", "fedup-alpha": 0.3})
-    assert run_config.inapplicable_settings(cfg) == ["fedup-alpha (method fedup only)"]
+    assert "fedup.alpha" in owned and not any(k.startswith("lethe-") for k in owned)
+    cfg = parse_config({"method": "lethe", "fedup.alpha": 0.3})
+    assert run_config.inapplicable_settings(cfg) == ["fedup.alpha (method fedup only)"]
     assert run_config.inapplicable_settings(parse_config({"task": "llm-tofu", "method": "avg",
-                                                      "firm-fisher-batches": 4})) == []  # the merges read it
+                                                      "firm.fisher-batches": 4})) == []  # the merges read it
 
 
 def test_preset_fills_what_the_user_left_and_an_explicit_key_wins():
     cfg = parse_config({"task": "llm-tofu", "method": "lethe"})
-    assert cfg["lethe-adapter-steps"] == 0 and cfg.presets == {"lethe-adapter-steps": 0}
-    mine = parse_config({"task": "llm-tofu", "method": "lethe", "lethe-rectify-rounds": 2})
-    assert mine["lethe-rectify-rounds"] == 2 and "lethe-rectify-rounds" not in mine.presets
-    off = parse_config({"task": "llm-tofu", "method": "lethe", "presets": False, "lethe-adapter-steps": 0})
+    assert cfg["lethe.adapter-steps"] == 0 and cfg.presets == {"lethe.adapter-steps": 0}
+    mine = parse_config({"task": "llm-tofu", "method": "lethe", "lethe.rectify-rounds": 2})
+    assert mine["lethe.rectify-rounds"] == 2 and "lethe.rectify-rounds" not in mine.presets
+    off = parse_config({"task": "llm-tofu", "method": "lethe", "presets": False, "lethe.adapter-steps": 0})
     assert off.presets == {}
     vision = parse_config({"method": "lethe"})
-    assert vision["lethe-adapter-steps"] == 50  # Lethe's preset is the LLM task's only
+    assert vision["lethe.adapter-steps"] == 50  # Lethe's preset is the LLM task's only
     assert not any(k.startswith("lethe-") for k in vision.presets)
 
 
@@ -56,16 +56,16 @@ def test_a_method_alone_is_its_paper_and_a_recipe_fills_its_keys_by_scenario_and
     assert paper.recipe == "paper" and paper.recipe_settings == {}
     assert all(paper[s.key] == s.default for s in GUARD_SETTINGS)
     client = parse_config({"method": "lethe", "scenario": "client", "recipe": "lethe-robust"})
-    assert client.recipe == "lethe-robust" and client["guard-retain-rise"] == 2.0 and client["lethe-lr"] == 0.01
-    assert client.recipe_settings["guard-stop-loss"] == 12.0 and client["guard-verify-passes"] == 3
+    assert client.recipe == "lethe-robust" and client["guard.retain-rise"] == 2.0 and client["lethe.lr"] == 0.01
+    assert client.recipe_settings["guard.stop-loss"] == 12.0 and client["guard.verify-passes"] == 3
     klass = parse_config({"method": "lethe", "scenario": "class", "recipe": "lethe-robust"})
-    assert klass["lethe-lr"] == 0.02 and klass["guard-step-clip"] == 5.0 and klass["guard-retain-rise"] == 0.5
+    assert klass["lethe.lr"] == 0.02 and klass["guard.step-clip"] == 5.0 and klass["guard.retain-rise"] == 0.5
     llm = parse_config({"task": "llm-tofu", "method": "lethe", "scenario": "client", "recipe": "lethe-robust"})
-    assert llm["guard-gamma-rule"] == "clamp" and llm["guard-retain-rise"] == 0.5 and llm["lethe-adapter-steps"] == 0
-    mine = parse_config({"method": "lethe", "recipe": "lethe-robust", "guard-stop-loss": 20.0})
-    assert mine["guard-stop-loss"] == 20.0 and "guard-stop-loss" not in mine.recipe_settings
+    assert llm["guard.gamma-rule"] == "clamp" and llm["guard.retain-rise"] == 0.5 and llm["lethe.adapter-steps"] == 0
+    mine = parse_config({"method": "lethe", "recipe": "lethe-robust", "guard.stop-loss": 20.0})
+    assert mine["guard.stop-loss"] == 20.0 and "guard.stop-loss" not in mine.recipe_settings
     smoke = parse_config({"method": "lethe", "recipe": "lethe-robust", "smoke": True})
-    assert smoke["guard-restore-extra-rounds"] == 0 and "guard-restore-extra-rounds" not in smoke.recipe_settings
+    assert smoke["guard.restore-extra-rounds"] == 0 and "guard.restore-extra-rounds" not in smoke.recipe_settings
 
 
 def test_a_recipe_for_another_method_or_an_unknown_one_is_one_line():
@@ -78,7 +78,7 @@ def test_a_recipe_for_another_method_or_an_unknown_one_is_one_line():
 
 def test_smoke_shrinks_every_phase_but_keeps_explicit_keys():
     cfg = parse_config({"method": "fedup", "smoke": True, "continue-rounds": 3})
-    assert cfg["pretrain-rounds"] == 2 and cfg["local-epochs"] == 1 and cfg["fedup-epochs"] == 5
+    assert cfg["pretrain-rounds"] == 2 and cfg["local-epochs"] == 1 and cfg["fedup.epochs"] == 5
     assert cfg["continue-rounds"] == 3
     with pytest.raises(ConfigError, match="'smoke'"):
         parse_config({"smoke": "sometimes"})

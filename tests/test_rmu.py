@@ -17,7 +17,7 @@ from strategies.rmu.train import rmu_update
 from core.config import ConfigError
 from strategies.run_config import parse_config
 
-RUN = {"rmu-layer": -1, "rmu-update-layers": 3, "rmu-steering-coeff": 0.0, "rmu-alpha": 1200.0, "seed": 5}
+RUN = {"rmu.layer": -1, "rmu.update-layers": 3, "rmu.steering-coeff": 0.0, "rmu.alpha": 1200.0, "seed": 5}
 
 
 def _perturbed(seed: int = 1):
@@ -58,7 +58,7 @@ def test_loss_is_forget_mse_to_c_u_plus_alpha_retain_mse_to_the_frozen_model():
 def test_paper_values_are_kept_on_the_paper_model_and_scaled_on_others():
     assert [steered_layer(n, -1) for n in (32, 24, 22, 2, 1)] == [7, 5, 5, 0, 0]
     assert steered_layer(32, 3) == 3
-    with pytest.raises(ValueError, match="rmu-layer'=2: the model has 2 decoder layers"):
+    with pytest.raises(ValueError, match="rmu.layer'=2: the model has 2 decoder layers"):
         steered_layer(2, 2)
     assert steering_coeff(4096, 0.0) == 6.5 and steering_coeff(128, 2.5) == 2.5
     assert steering_coeff(1024, 0.0) == pytest.approx(6.5 / 2)
@@ -70,7 +70,7 @@ def test_paper_values_are_kept_on_the_paper_model_and_scaled_on_others():
 
 def test_update_trains_only_down_proj_lora_of_the_updated_layers_and_steers_forget_states():
     model, forget, retain = tiny_lora(0), [make_batch(4, 0)], [make_batch(4, 1)]
-    rmu = plan({**RUN, "rmu-layer": 1, "rmu-update-layers": 1, "rmu-steering-coeff": 4.0, "rmu-alpha": 10.0}, 2, 32)
+    rmu = plan({**RUN, "rmu.layer": 1, "rmu.update-layers": 1, "rmu.steering-coeff": 4.0, "rmu.alpha": 10.0}, 2, 32)
     loss = RMULoss(layer=1, steering_coeff=4.0, alpha=0.0, seed=RUN["seed"])
     before_state = {n: p.detach().clone() for n, p in model.named_parameters()}
     before_grad = {n: p.requires_grad for n, p in model.named_parameters()}
@@ -86,14 +86,14 @@ def test_update_trains_only_down_proj_lora_of_the_updated_layers_and_steers_forg
 
 
 def test_config_needs_down_proj_adapters_and_a_layer_of_the_model():
-    with pytest.raises(ConfigError, match="llm-target-modules'='q_proj,v_proj': method 'rmu' trains the LoRA of "
+    with pytest.raises(ConfigError, match="llm.target-modules'='q_proj,v_proj': method 'rmu' trains the LoRA of "
                                           "down_proj"):
-        parse_config({"task": "llm-tofu", "method": "rmu", "llm-target-modules": "q_proj,v_proj"})
-    with pytest.raises(ConfigError, match="'rmu-layer'=2: model 'tiny' has 2 decoder layers"):
-        parse_config({"task": "llm-tofu", "method": "rmu", "rmu-layer": 2})
+        parse_config({"task": "llm-tofu", "method": "rmu", "llm.target-modules": "q_proj,v_proj"})
+    with pytest.raises(ConfigError, match="'rmu.layer'=2: model 'tiny' has 2 decoder layers"):
+        parse_config({"task": "llm-tofu", "method": "rmu", "rmu.layer": 2})
     with pytest.raises(ConfigError, match="'method'='rmu' needs a task of kind llm"):
         parse_config({"task": "text-minilm", "method": "rmu"})
-    assert parse_config({"task": "llm-tofu", "method": "rmu", "rmu-layer": 1})["rmu-layer"] == 1
+    assert parse_config({"task": "llm-tofu", "method": "rmu", "rmu.layer": 1})["rmu.layer"] == 1
 
 
 @pytest.mark.slow
@@ -106,5 +106,5 @@ def test_rmu_runs_on_the_llm_task_and_reports_its_plan(tmp_path):
     results = json.loads((pathlib.Path(folder) / "results.json").read_text())
     method = results["method"]
     assert method["objective"] == "rmu" and method["forget_clients"]
-    assert method["rmu-alpha"] == 1200.0 and set(method["retain_term"]) == {str(c) for c in method["forget_clients"]}
+    assert method["rmu.alpha"] == 1200.0 and set(method["retain_term"]) == {str(c) for c in method["forget_clients"]}
     assert results["models"]["unlearned"] != results["models"]["original"]

@@ -85,21 +85,21 @@ def test_trigger_phrase_is_appended_before_sep_and_survives_truncation():
         n = int(out[row, 1].sum())
         assert out[row, 0, n - 1] == tokenizer.sep_token_id and out[row, 0, n - 2] == phrase[-1]
     assert int(out[0, 1].sum()) == int(ids[0, 1].sum()) + 1 and int(out[1, 1].sum()) == 8
-    with pytest.raises(ValueError, match="text-trigger"):
+    with pytest.raises(ValueError, match="text.trigger"):
         trigger_ids(tokenizer, " \u200b ")
 
 
 def test_bad_text_settings_are_one_line_errors_before_training(tmp_path):
-    with pytest.raises(ConfigError, match="text-max-length"):
-        parse_config({"task": "text-minilm", "text-max-length": 0})
-    cfg = parse_config({"task": "text-minilm", "text-encoder": str(tmp_path / "no-such-encoder")})
-    with pytest.raises(ValueError, match="text-encoder.*does not exist"):
+    with pytest.raises(ConfigError, match="text.max-length"):
+        parse_config({"task": "text-minilm", "text.max-length": 0})
+    cfg = parse_config({"task": "text-minilm", "text.encoder": str(tmp_path / "no-such-encoder")})
+    with pytest.raises(ValueError, match="text.encoder.*does not exist"):
         cfg.task.check_setup(cfg, 3)
-    cfg = parse_config({"task": "agnews-bert", "text-encoder": "no-such-org/no-such-encoder"})
+    cfg = parse_config({"task": "agnews-bert", "text.encoder": "no-such-org/no-such-encoder"})
     with pytest.raises(ValueError, match="'no-such-org/no-such-encoder' could not be loaded") as error:
         cfg.task.check_setup(cfg, 3)  # a Hub name absent from the local cache: nothing is downloaded
     assert "\n" not in str(error.value)
-    for bad, key in (({"text-trigger": "  "}, "text-trigger"), ({"text-train-layers": 7}, "text-train-layers")):
+    for bad, key in (({"text.trigger": "  "}, "text.trigger"), ({"text.train-layers": 7}, "text.train-layers")):
         cfg = parse_config({"task": "text-minilm", **bad})
         with pytest.raises(ValueError, match=key):
             cfg.task.check_setup(cfg, 3)
@@ -109,8 +109,8 @@ def test_bad_text_settings_are_one_line_errors_before_training(tmp_path):
 
 
 def test_agnews_client_view_with_a_local_encoder_trains_and_evaluates(tmp_path):
-    cfg = parse_config({"task": "agnews-bert", "data-dir": _parquet_layout(tmp_path), "text-encoder": MINILM,
-                        "scenario": "sample", "forget-client": 0, "text-max-length": 16, "sample-fraction": 0.3,
+    cfg = parse_config({"task": "agnews-bert", "data-dir": _parquet_layout(tmp_path), "text.encoder": MINILM,
+                        "scenario": "sample", "forget-client": 0, "text.max-length": 16, "sample-fraction": 0.3,
                         "dirichlet-alpha": 100.0}, num_clients=2)
     task = cfg.task
     task.check_setup(cfg, 2)

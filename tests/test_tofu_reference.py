@@ -210,8 +210,8 @@ def test_tofu_files_are_scored_with_tofus_protocol_in_the_federated_path(tmp_pat
     from tasks.llm.model import build_llm
 
     _tiny_tofu_dir(tmp_path / "tofu")
-    cfg = parse_config({"task": "llm-tofu", "method": "none", "llm-data-dir": str(tmp_path / "tofu"),
-                        "llm-forget-fraction": 0.25}, num_clients=2)
+    cfg = parse_config({"task": "llm-tofu", "method": "none", "llm.data-dir": str(tmp_path / "tofu"),
+                        "llm.forget-fraction": 0.25}, num_clients=2)
     records = load_author_records(cfg)
     clients = [build_llm_client_data(cfg, records, pid, 2) for pid in range(2)]
     model, tokenizer = build_llm("tiny", lora_rank=4, seed=0)
@@ -245,9 +245,9 @@ def test_tofu_files_are_scored_with_tofus_protocol_in_the_federated_path(tmp_pat
 
 def test_generation_length_is_chosen_by_the_data_source(tmp_path):
     synthetic_cfg = parse_config({"task": "llm-tofu", "method": "none"})
-    tofu_cfg = parse_config({"task": "llm-tofu", "method": "none", "llm-data-dir": str(tmp_path)})
+    tofu_cfg = parse_config({"task": "llm-tofu", "method": "none", "llm.data-dir": str(tmp_path)})
     assert (fm.protocol_of(synthetic_cfg), fm.max_new_tokens_of(synthetic_cfg)) == ("synthetic", 16)
     assert (fm.protocol_of(tofu_cfg), fm.max_new_tokens_of(tofu_cfg)) == ("tofu", 200)
-    assert fm.max_new_tokens_of(parse_config({"task": "llm-tofu", "method": "none", "llm-max-new-tokens": 40})) == 40
-    with pytest.raises(ConfigError, match="llm-max-new-tokens"):
-        parse_config({"task": "llm-tofu", "method": "none", "llm-max-new-tokens": -1})
+    assert fm.max_new_tokens_of(parse_config({"task": "llm-tofu", "method": "none", "llm.max-new-tokens": 40})) == 40
+    with pytest.raises(ConfigError, match="llm.max-new-tokens"):
+        parse_config({"task": "llm-tofu", "method": "none", "llm.max-new-tokens": -1})

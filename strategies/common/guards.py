@@ -34,48 +34,48 @@ RESTORE_RETRIES = 2
 RESTORE_TARGET_RISE = 0.02
 
 GUARD_SETTINGS: tuple[Setting, ...] = (
-    setting("guard-bounded-ascent", float, INF,
-            "amplify: the adapter takes normalised ascent steps of length lethe-adapter-lr and stops once a batch's "
+    setting("guard.bounded-ascent", float, INF,
+            "amplify: the adapter takes normalised ascent steps of length lethe.adapter-lr and stops once a batch's "
             "forget loss reaches this many nats (a saturated loss ascends the label margin instead); inf = the "
             "paper's plain ascent", positive(), allow_inf=True),
-    setting("guard-gamma-rule", str, "fixed",
-            "fixed: lethe-gamma in every layer (the paper); upper: each aligned layer's upper Prop. IV.1 bound "
-            "|Δr|²/s; clamp: lethe-gamma clipped into each layer's Prop. IV.1 interval",
+    setting("guard.gamma-rule", str, "fixed",
+            "fixed: lethe.gamma in every layer (the paper); upper: each aligned layer's upper Prop. IV.1 bound "
+            "|Δr|²/s; clamp: lethe.gamma clipped into each layer's Prop. IV.1 interval",
             one_of(("fixed", "upper", "clamp"))),
-    setting("guard-stop-loss", float, INF,
+    setting("guard.stop-loss", float, INF,
             "rectification stops once the forget clients' mean forget loss of the backbone (adapter bypassed) "
             "reaches this many nats and the backbone predicts at most 5 % of the forget set as its label; a step "
             "past 3x it (or non-finite) is halved up to three times, else rolled back; inf = always "
-            "lethe-rectify-rounds (the paper)", positive(), allow_inf=True),
-    setting("guard-step-clip", float, 0.0,
-            "each rectified update is scaled to at most this x the retain stream's norm (or guard-clip-floor x the "
-            "forget stream's, when longer), and a retain stream shorter than guard-clip-floor x the forget stream "
+            "lethe.rectify-rounds (the paper)", positive(), allow_inf=True),
+    setting("guard.step-clip", float, 0.0,
+            "each rectified update is scaled to at most this x the retain stream's norm (or guard.clip-floor x the "
+            "forget stream's, when longer), and a retain stream shorter than guard.clip-floor x the forget stream "
             "is lifted to it; 0 = off", at_least(0)),
-    setting("guard-clip-floor", float, 0.0,
-            "with guard-step-clip: the floor of the step bound and of the retain stream, as a multiple of the "
+    setting("guard.clip-floor", float, 0.0,
+            "with guard.step-clip: the floor of the step bound and of the retain stream, as a multiple of the "
             "forget stream's norm; 0 = the retain stream alone", at_least(0)),
-    setting("guard-retain-rise", float, INF,
+    setting("guard.retain-rise", float, INF,
             "a rectification step after which the retained clients' loss is more than this many nats above their "
             "loss on the starting model is rolled back (a pass's first step is halved first); a restored model "
             "that far above the original's is restored again at half, then a quarter of the lr, and a pass "
             "still past it is not carried out; inf = off", positive(), allow_inf=True),
-    setting("guard-rectified-restore", bool, False,
+    setting("guard.rectified-restore", bool, False,
             "restore trains the forget and the retained clients and applies the retain stream without its "
             "component along the forget stream, keeping the model its retained clients rate best (after at "
             "least two steps); false = the paper's FedAvg restore on the retained clients"),
-    setting("guard-restore-extra-rounds", int, 0,
-            "with guard-rectified-restore: while no model restore may keep is within 0.02 nats of the retained "
+    setting("guard.restore-extra-rounds", int, 0,
+            "with guard.rectified-restore: while no model restore may keep is within 0.02 nats of the retained "
             "loss on the start, up to this many more restore rounds, each applying half its update", at_least(0)),
-    setting("guard-walk-back", float, INF,
-            "with guard-rectified-restore: while the adapter-free backbone's retained loss is more than this many "
+    setting("guard.walk-back", float, INF,
+            "with guard.rectified-restore: while the adapter-free backbone's retained loss is more than this many "
             "nats above the start, one rectification step is undone, then the largest passing fraction of it is "
             "taken back; inf = off", positive(), allow_inf=True),
-    setting("guard-retry-walk-back", float, 0.0,
+    setting("guard.retry-walk-back", float, 0.0,
             "where an attempt leaves the request not carried out, one more attempt from the original with "
-            "guard-walk-back at this value, kept where it carries the request out or knows less of the forget "
-            "set; at most guard-walk-back = no retry", at_least(0)),
-    setting("guard-verify-passes", int, 0,
+            "guard.walk-back at this value, kept where it carries the request out or knows less of the forget "
+            "set; at most guard.walk-back = no retry", at_least(0)),
+    setting("guard.verify-passes", int, 0,
             "after restore the forget clients check the model; while it predicts more than 2 % of the forget set as "
             "its label, at most this many more passes of amplify, rectify and restore from it (a pass that breaks "
-            "guard-retain-rise is not kept); 0 = off", at_least(0)),
+            "guard.retain-rise is not kept); 0 = off", at_least(0)),
 )

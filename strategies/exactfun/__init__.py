@@ -11,7 +11,7 @@ from strategies.registry import MethodSpec
 METHODS = (
     MethodSpec(
         "exact-fun",
-        "its own original, trained by FedAvg with a quantised global model (`exactfun-step`), every round's client "
+        "its own original, trained by FedAvg with a quantised global model (`exactfun.step`), every round's client "
         "models kept; unlearning recomputes the rounds from the first one that dropping the leaving client "
         "changes: exactly quantised retraining without it",
         "strategies.exactfun.strategy:ExactFun",
@@ -20,7 +20,7 @@ METHODS = (
         task_kinds=("vision", "text"),
         scenarios=("client",),
         needs=("update-history",),
-        smoke={"exactfun-verify": True},
+        smoke={"exactfun.verify": True},
         check=check_settings,
     ),
 )

@@ -5,10 +5,10 @@ from __future__ import annotations
 from core.config import Setting, positive, setting
 
 SETTINGS: tuple[Setting, ...] = (
-    setting("exactfun-step", float, 1e-3,
+    setting("exactfun.step", float, 1e-3,
             "quantisation grid of Exact-Fun's global model: every weight is rounded to a multiple of this after "
             "each aggregation (its own original model is trained so)", positive()),
-    setting("exactfun-verify", bool, False,
+    setting("exactfun.verify", bool, False,
             "also retrain the quantised model from scratch without the client (phase 'verify', not charged to "
             "unlearning) and report whether the unlearned model equals it bit for bit"),
 )

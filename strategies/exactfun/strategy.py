@@ -1,7 +1,7 @@
 """Exact-Fun (Xiong et al.) as a method: recompute only from the first round the leaving client changes.
 
 Its original is its own: pretraining aggregates with the quantised FedAvg mean
-(``pretraining_aggregate``; ``own_original`` puts ``exactfun-step`` in the cache key and in
+(``pretraining_aggregate``; ``own_original`` puts ``exactfun.step`` in the cache key and in
 results.json) and the server keeps every round's client models (``needs=("update-history",)``).
 
 Unlearning (client scenario):
@@ -14,10 +14,10 @@ Unlearning (client scenario):
 
 The result is quantised retraining without the client, bit for bit: a remaining client's local
 training depends only on the model it receives, its data and the round's seed, and every mean is
-the same float64 sum in client-id order. ``exactfun-verify`` retrains from scratch (phase
+the same float64 sum in client-id order. ``exactfun.verify`` retrains from scratch (phase
 ``verify``, charged there) and reports ``equals_quantised_retrain``. ``fraction-train`` must be 1.
 
-Choices (no public code is known): the grid is uniform, ``exactfun-step`` (1e-3) for every layer;
+Choices (no public code is known): the grid is uniform, ``exactfun.step`` (1e-3) for every layer;
 rounding is to the nearest grid point; the recomputation starts at the first changed round (the
 paper's point: rounds before it need none). Not reversible.
 """
@@ -40,10 +40,10 @@ class ExactFun(UnlearningMethod):
     name = "exact-fun"
 
     def own_original(self, cfg) -> dict:
-        return {"exact-fun-quantised-step": cfg["exactfun-step"]}
+        return {"exact-fun-quantised-step": cfg["exactfun.step"]}
 
     def pretraining_aggregate(self, cfg):
-        step = cfg["exactfun-step"]
+        step = cfg["exactfun.step"]
 
         def aggregate(replies) -> ArrayRecord:
             return ArrayRecord(quantised_mean([r.content["arrays"].to_torch_state_dict() for r in replies],
@@ -59,7 +59,7 @@ class ExactFun(UnlearningMethod):
         rounds = ctx.update_history(self.name)
         leaving = {fed.client_id(n) for n in fed.nodes_with("n-forget")}
         final = ctx.original.arrays.to_torch_state_dict()
-        changed = first_changed_round(rounds, final, leaving, cfg["exactfun-step"])
+        changed = first_changed_round(rounds, final, leaving, cfg["exactfun.step"])
         order = sorted(rounds)
         if changed is None:
             state, recomputed = final, []
@@ -70,7 +70,7 @@ class ExactFun(UnlearningMethod):
         details = {"leaving_clients": sorted(leaving), "first_changed_round": changed[0] if changed else None,
                    "recomputed_rounds": len(recomputed), "rounds_reused": len(order) - len(recomputed) - bool(changed),
                    "history_bytes": ctx.pretraining.get("history_bytes")}
-        if cfg["exactfun-verify"]:
+        if cfg["exactfun.verify"]:
             previous, started = fed.phase, time.perf_counter()
             verify = fed.start_phase("verify")
             retrained = self.train_rounds(ctx, rounds[order[0]]["global"], order[0], order[-1])

@@ -15,7 +15,7 @@ METHODS = (
         "its own original: each forget holder trains a linear auxiliary head beside the classifier during "
         "pretraining (class: labels = the forget class; sample/client: random labels on the forget samples) and "
         "keeps it on its disk; unlearning replaces the head: W1 - mean W2 (class), (1 - a) W1 + a mean W2 "
-        "(sample/client, `fedau-alpha`)",
+        "(sample/client, `fedau.alpha`)",
         "strategies.fedau.strategy:FedAU",
         paper="Unlearning during Learning: An Efficient Federated Machine Unlearning Method (Gu et al., IJCAI 2024; "
               "`docs/fedau.md`)",

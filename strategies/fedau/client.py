@@ -85,7 +85,7 @@ def aux_training(model, x, y, *, cfg, conf, seed, device, data) -> float:
         aux.load_state_dict({k: kept[k] for k in HEAD_KEYS})
     if cfg["scenario"] == "client":  # whole-client unlearning: W2 restarts from a mix with the received W1
         w1 = {k: getattr(model.head, k).detach() for k in HEAD_KEYS}
-        aux.load_state_dict(mixed_start(w1, aux.state_dict(), cfg["fedau-client-gamma"]))
+        aux.load_state_dict(mixed_start(w1, aux.state_dict(), cfg["fedau.client-gamma"]))
 
     started = time.perf_counter()
     aux.to(device).train()

@@ -14,7 +14,7 @@ Pretraining (its own original):
   keep a retained sample's label and give each forget sample a random label other than the one it
   is trained with (the public code's ``ul_samples`` / whole-client modes).
 - client scenario: before each round the leaving client's ``W2`` restarts from
-  ``(1 - g) W1 + g W2`` (``fedau-client-gamma``, the code's ``ul_client_gamma`` 0.5).
+  ``(1 - g) W1 + g W2`` (``fedau.client-gamma``, the code's ``ul_client_gamma`` 0.5).
 
 Since the holders' auxiliary loss also trains the shared backbone, this original differs from the
 shared one: ``own_original`` adds the auxiliary training (and what its labels depend on beyond the
@@ -24,7 +24,7 @@ request, which the cache key already holds) to the original's cache key and to r
 Unlearning: one ``query.fedau`` message to each holder (no model sent down; its ``W2`` comes
 up), then on the server, for weight and bias alike (``maths.unlearned_head``):
 class ``W = W1 - mean(W2)``; sample and client ``W = (1 - a) W1 + a mean(W2)``, ``a`` =
-``fedau-alpha`` (0.9); the mean is uniform over the holders, as in the code. Only the head changes.
+``fedau.alpha`` (0.9); the mean is uniform over the holders, as in the code. Only the head changes.
 
 Choices where paper and code differ or are silent:
 
@@ -68,7 +68,7 @@ class FedAU(UnlearningMethod):
     def own_original(self, cfg) -> dict:
         own = {"fedau-aux-head": AUX_VERSION, "fedau-aux-labels": aux_label_rule(cfg["scenario"])}
         if cfg["scenario"] == "client":
-            own["fedau-client-gamma"] = cfg["fedau-client-gamma"]
+            own["fedau.client-gamma"] = cfg["fedau.client-gamma"]
         return own
 
     def pretraining_config(self, cfg, original_id: str) -> dict:
@@ -92,11 +92,11 @@ class FedAU(UnlearningMethod):
             kept[client] = metrics
         state = ctx.original.arrays.to_torch_state_dict()
         w1 = {k: state[HEAD_PREFIX + k] for k in ("weight", "bias")}
-        new = unlearned_head(cfg["scenario"], w1, mean_head(heads), cfg["fedau-alpha"])
+        new = unlearned_head(cfg["scenario"], w1, mean_head(heads), cfg["fedau.alpha"])
         state.update({HEAD_PREFIX + k: v.to(state[HEAD_PREFIX + k].dtype) for k, v in new.items()})
         details = {
-            "rule": "W1 - mean(W2)" if cfg["scenario"] == "class" else f"(1 - {cfg['fedau-alpha']}) W1 + "
-                                                                       f"{cfg['fedau-alpha']} mean(W2)",
+            "rule": "W1 - mean(W2)" if cfg["scenario"] == "class" else f"(1 - {cfg['fedau.alpha']}) W1 + "
+                                                                       f"{cfg['fedau.alpha']} mean(W2)",
             "holders": sorted(kept),
             "aux_labels": aux_label_rule(cfg["scenario"]),
             # what the auxiliary training cost during pretraining (the original's own cost is cost.built.original)

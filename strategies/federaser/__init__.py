@@ -1,6 +1,6 @@
 """FedEraser — "FedEraser: Enabling Efficient Client-Level Data Removal from Federated Learning Models" (Liu et al.).
 
-The server keeps pretraining's global and client models every ``federaser-interval`` rounds and
+The server keeps pretraining's global and client models every ``federaser.interval`` rounds and
 rebuilds the model without the leaving client, calibrating short retraining rounds by the old
 updates' step lengths (``maths.py``, ``strategy.py``). Client scenario, vision tasks.
 """
@@ -12,7 +12,7 @@ METHODS = (
     MethodSpec(
         "federaser",
         "replays the kept pretraining rounds without the leaving client: the remaining clients train "
-        "ceil(`federaser-epoch-ratio` x local epochs) epochs per kept round and the server gives each layer the old "
+        "ceil(`federaser.epoch-ratio` x local epochs) epochs per kept round and the server gives each layer the old "
         "round's step length in the new direction",
         "strategies.federaser.strategy:FedEraser",
         paper="FedEraser: Enabling Efficient Client-Level Data Removal from Federated Learning Models "
@@ -21,6 +21,6 @@ METHODS = (
         task_kinds=("vision", "text"),
         scenarios=("client",),
         needs=("update-history",),
-        smoke={"federaser-interval": 1},
+        smoke={"federaser.interval": 1},
     ),
 )

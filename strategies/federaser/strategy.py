@@ -1,12 +1,12 @@
 """FedEraser (Liu et al.) as a method: replay the kept pretraining rounds without the leaving client.
 
 Pretraining keeps, on the server, the global model and every client's returned model of every
-``federaser-interval``-th round (``needs=("update-history",)``, ``server_app.history``). Unlearning:
+``federaser.interval``-th round (``needs=("update-history",)``, ``server_app.history``). Unlearning:
 
 1. The first kept round is aggregated from the remaining clients' old models with no calibration
    (the paper: the first reconstruction step needs none).
 2. At each later kept round the remaining clients that took part in it train
-   ``ceil(federaser-epoch-ratio x local-epochs)`` epochs from the new global model (one ``train``
+   ``ceil(federaser.epoch-ratio x local-epochs)`` epochs from the new global model (one ``train``
    message each, the round's seed), and the server calibrates layer by layer
    (``strategies.federaser.maths.calibrate``): the old round's step length, the new direction.
 
@@ -34,14 +34,14 @@ class FedEraser(UnlearningMethod):
     name = "federaser"
 
     def history_interval(self, cfg) -> int:
-        return cfg["federaser-interval"]
+        return cfg["federaser.interval"]
 
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         cfg, fed = ctx.cfg, ctx.fed
         rounds = ctx.update_history(self.name)
         leaving = {fed.client_id(n) for n in fed.nodes_with("n-forget")}
         node_of = {fed.client_id(n): n for n in fed.all_nodes()}
-        epochs = math.ceil(cfg["federaser-epoch-ratio"] * cfg["local-epochs"])
+        epochs = math.ceil(cfg["federaser.epoch-ratio"] * cfg["local-epochs"])
         order = sorted(rounds)
 
         def remaining(t: int) -> list[int]:

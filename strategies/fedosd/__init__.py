@@ -22,6 +22,6 @@ METHODS = (
         task_kinds=("vision", "text"),
         scenarios=("client",),
         queries={"fedosd": "strategies.fedosd.client:fedosd_query"},
-        smoke={"fedosd-unlearn-rounds": 1, "fedosd-recovery-rounds": 1},
+        smoke={"fedosd.unlearn-rounds": 1, "fedosd.recovery-rounds": 1},
     ),
 )

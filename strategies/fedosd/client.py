@@ -1,7 +1,7 @@
 """FedOSD's client side (``query.fedosd``): the gradient of one round of local training.
 
 As in the public code, a client trains a copy of the received model with plain SGD (no momentum;
-``fedosd-epochs`` epochs of mini-batches of ``fedosd-batch-size``, learning rate ``lr`` from the
+``fedosd.epochs`` epochs of mini-batches of ``fedosd.batch-size``, learning rate ``lr`` from the
 message) and reports the pseudo-gradient ``(w - w_local) / lr`` of the model's parameters. Role
 ``forget`` (the leaving client) minimises the unlearning cross-entropy ``-log(1 - p_y / 2)`` on its
 forget data, role ``retain`` the cross-entropy on its retained data. Buffers (BatchNorm statistics)
@@ -25,7 +25,7 @@ def fedosd_query(task, cfg, data, model, conf: dict, seed: int) -> dict:
         raise ValueError(f"query.fedosd role must be forget or retain, got {role!r}")
     start = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
     x, y = data.split(role)
-    loss = train_local(model, x, y, epochs=cfg["fedosd-epochs"], batch_size=cfg["fedosd-batch-size"], lr=lr,
+    loss = train_local(model, x, y, epochs=cfg["fedosd.epochs"], batch_size=cfg["fedosd.batch-size"], lr=lr,
                        momentum=0.0, seed=seed, device=device_for(),
                        loss_fn=_uce if role == "forget" else None)
     gradient = {name: (start[name] - p.detach().cpu()) / lr for name, p in model.named_parameters()}

@@ -2,16 +2,16 @@
 
 Client scenario. From the original model ``w_start``:
 
-1. **Unlearning**, ``fedosd-unlearn-rounds`` rounds: every client answers ``query.fedosd`` with the
+1. **Unlearning**, ``fedosd.unlearn-rounds`` rounds: every client answers ``query.fedosd`` with the
    gradient of one round of local training (the leaving client on the unlearning cross-entropy of
    its data, the others on the cross-entropy of theirs). The server takes the forget clients' mean
    gradient ``g_u``, projects it onto the orthogonal complement of the retained gradients and
    rescales it to ``||g_u||`` (``maths.orthogonal_direction``), and steps ``w -= lr d``.
-2. **Post-training**, ``fedosd-recovery-rounds`` rounds on the retained clients: each gradient loses
+2. **Post-training**, ``fedosd.recovery-rounds`` rounds on the retained clients: each gradient loses
    its component along ``w - w_start`` and keeps its norm (``maths.without_component``); the server
    steps along their mean.
 
-Round ``k`` (counted over both stages, from 0) uses ``lr * fedosd-lr-decay**k``, with ``lr`` the
+Round ``k`` (counted over both stages, from 0) uses ``lr * fedosd.lr-decay**k``, with ``lr`` the
 stage's rate, as the code's ``adjust_learning_rate``. Means are uniform over clients (the code's
 ``1 / len`` weights), not example-weighted. Only parameters are stepped; buffers keep the original
 model's values, as the code's server model, which never runs a forward pass in training mode.
@@ -57,11 +57,11 @@ class FedOSD(UnlearningMethod):
         keys = [name for name, _ in ctx.model_factory(ctx.original.plugins).named_parameters()]
         start = flatten(state, keys)
         weights, arrays = start.clone(), ctx.original.arrays
-        unlearn_rounds, recovery_rounds = cfg["fedosd-unlearn-rounds"], cfg["fedosd-recovery-rounds"]
+        unlearn_rounds, recovery_rounds = cfg["fedosd.unlearn-rounds"], cfg["fedosd.recovery-rounds"]
         norms = []
         for k in range(unlearn_rounds + recovery_rounds):
             unlearning = k < unlearn_rounds
-            lr = (cfg["fedosd-lr"] if unlearning else cfg["fedosd-recovery-lr"]) * cfg["fedosd-lr-decay"] ** k
+            lr = (cfg["fedosd.lr"] if unlearning else cfg["fedosd.recovery-lr"]) * cfg["fedosd.lr-decay"] ** k
             roles = {**{n: "retain" for n in retained}, **({n: "forget" for n in forget} if unlearning else {})}
             grads = self._gradients(fed, arrays, roles, lr, k + 1, keys)
             if unlearning:

@@ -22,7 +22,7 @@ METHODS = (
         reversible=True,
         queries={"centroids": "strategies.fedup.client:centroid_query"},
         plugins={"fedup-filter": "strategies.fedup.filter:build_plugin"},
-        smoke={"fedup-epochs": 5},
+        smoke={"fedup.epochs": 5},
         check=check_settings,
         default=True,
     ),

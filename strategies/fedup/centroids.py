@@ -2,7 +2,7 @@
 
 A client never uploads raw features. It summarises each class ``k`` of its features by
 ``K = ceil(rho * n_k)`` KMeans centroids (eq. 9-10) and adds isotropic Gaussian noise to every
-centroid (eq. 11). Optionally (``fedup-clip``, not in the paper) every feature vector is first
+centroid (eq. 11). Optionally (``fedup.clip``, not in the paper) every feature vector is first
 clipped to an L2 bound, which the clip-based sensitivity bounds of ``strategies/fedup/maths.py``
 need. In the class scenario the paper relabels the forgotten class's features to other classes
 before clustering (:func:`relabel_per_class`; official code: one random other class per client).
@@ -19,7 +19,7 @@ Choices the paper leaves open:
 * **Tiny or degenerate classes.** ``K`` is capped at the number of *distinct* points of the class.
   When ``K`` equals that number the centroids are the distinct points themselves (with their
   multiplicities as counts), which is what KMeans would return, without running it.
-* :func:`relabel_forget_rows` and :func:`divert_targets` serve ``fedup-forget-centroids=divert``
+* :func:`relabel_forget_rows` and :func:`divert_targets` serve ``fedup.forget-centroids=divert``
   (not the paper's): flagged forget centroids are pointed away from their label on the server.
 """
 
@@ -35,11 +35,11 @@ from sklearn.cluster import KMeans
 def clip_rows(features: torch.Tensor, bound: float) -> torch.Tensor:
     """Scale every row with L2 norm above ``bound`` down to norm ``bound``; other rows are untouched.
 
-    ``x -> x * min(1, bound / ||x||_2)`` (the setting ``fedup-clip``; ``inf`` leaves every row as it
+    ``x -> x * min(1, bound / ||x||_2)`` (the setting ``fedup.clip``; ``inf`` leaves every row as it
     is). Returns a new tensor.
     """
     if not bound > 0:
-        raise ValueError(f"fedup-clip must be > 0, got {bound}")
+        raise ValueError(f"fedup.clip must be > 0, got {bound}")
     if features.ndim != 2:
         raise ValueError(f"features must be 2-D (n, d), got shape {tuple(features.shape)}")
     if math.isinf(bound):
@@ -55,7 +55,7 @@ def add_gaussian_noise(centroids: torch.Tensor, sigma: float, seed: int) -> torc
     ``sigma == 0`` returns an unchanged copy.
     """
     if not sigma >= 0:
-        raise ValueError(f"fedup-sigma must be >= 0, got {sigma}")
+        raise ValueError(f"fedup.sigma must be >= 0, got {sigma}")
     if sigma == 0:
         return centroids.clone()
     generator = torch.Generator().manual_seed(seed)
@@ -108,7 +108,7 @@ def class_centroids(
     Centroids keep the dtype and device of ``features``.
     """
     if not 0 < rho <= 1:
-        raise ValueError(f"fedup-rho must be in (0, 1], got {rho}")
+        raise ValueError(f"fedup.rho must be in (0, 1], got {rho}")
     if features.ndim != 2 or labels.ndim != 1 or features.shape[0] != labels.shape[0]:
         raise ValueError(
             f"features must be (n, d) and labels (n,), got {tuple(features.shape)} and {tuple(labels.shape)}"
@@ -157,7 +157,7 @@ def _check_rows(labels: torch.Tensor, forget_mask: torch.Tensor, num_classes: in
 
 def relabel_forget_rows(labels: torch.Tensor, forget_mask: torch.Tensor, num_classes: int,
                         seed: int) -> torch.Tensor:
-    """``fedup-targets=random`` (with ``divert``): every masked row's label becomes a uniformly random *other*
+    """``fedup.targets=random`` (with ``divert``): every masked row's label becomes a uniformly random *other*
     class, one draw per row (per flagged centroid, on the server).
 
     Draws ``u ~ U{0, ..., num_classes - 2}`` per masked row and maps ``u -> u + (u >= label)``, so
@@ -180,7 +180,7 @@ def divert_targets(labels: torch.Tensor, forget_mask: torch.Tensor, num_classes:
     the filter learns to send neighbouring forget centroids to different classes; trained long, it
     carves the forget region into pieces and fresh forget samples between the pieces fall back to
     the forgotten label (measured on Gaussian blobs after 500 Adam epochs: forget accuracy 0.18-0.47
-    with random labels, 0.00-0.06 with these targets). ``fedup-targets=soft``; not the paper's.
+    with random labels, 0.00-0.06 with these targets). ``fedup.targets=soft``; not the paper's.
     """
     _check_rows(labels, forget_mask, num_classes)
     targets = torch.nn.functional.one_hot(labels.long(), num_classes).float()

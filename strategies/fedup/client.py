@@ -1,13 +1,13 @@
 """FedUP's client side (the FedUP paper, sec. 3.2.2 and 3.2.4): DP class centroids of the client's features.
 
 With the frozen extractor (and any earlier plug-ins) of the received model, the client embeds its
-data, optionally clips every feature to ``fedup-clip`` (default: no clipping, as the paper),
+data, optionally clips every feature to ``fedup.clip`` (default: no clipping, as the paper),
 compresses each class into ceil(rho * n) KMeans centroids, and adds Gaussian noise whose scale is
-``fedup-sigma`` or is calibrated to (``fedup-epsilon``, ``fedup-delta``) at the sensitivity of
-``fedup-dp-bound``. ``fedup-delta=0`` is ``1/n_i``, ``n_i`` this client's released samples. It
+``fedup.sigma`` or is calibrated to (``fedup.epsilon``, ``fedup.delta``) at the sensitivity of
+``fedup.dp-bound``. ``fedup.delta=0`` is ``1/n_i``, ``n_i`` this client's released samples. It
 replies with centroids, labels, cluster sizes, a ``forget`` flag per centroid and the privacy it spent.
 
-Forget features (``fedup-forget-centroids``):
+Forget features (``fedup.forget-centroids``):
 
 * ``paper`` (default): the client and sample scenarios drop them before anything is computed
   (eq. 8): the leaving client of the client scenario holds nothing else and is not asked at all;
@@ -16,7 +16,7 @@ Forget features (``fedup-forget-centroids``):
   4.2) and clusters them with that class's retained features; nothing is flagged.
 * ``drop``: dropped in every scenario.
 * ``divert``: kept in every scenario, clustered apart from the retained features and flagged, so the
-  server can point them away from their label (``fedup-targets``).
+  server can point them away from their label (``fedup.targets``).
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ RHO_BY_SCENARIO = {"client": 0.8, "class": 0.1, "sample": 0.5}
 
 
 def fedup_rho(cfg: Config) -> float:
-    """``fedup-rho``, or the paper's value for the scenario when it is 0."""
-    return cfg["fedup-rho"] or RHO_BY_SCENARIO[cfg["scenario"]]
+    """``fedup.rho``, or the paper's value for the scenario when it is 0."""
+    return cfg["fedup.rho"] or RHO_BY_SCENARIO[cfg["scenario"]]
 
 
 def forget_handling(cfg: Config) -> str:
     """What this run does with forget features: ``drop``, ``relabel`` (class scenario, paper) or ``divert``."""
-    mode = cfg["fedup-forget-centroids"]
+    mode = cfg["fedup.forget-centroids"]
     if mode == "paper":
         return "relabel" if cfg["scenario"] == "class" else "drop"
     return mode
@@ -83,7 +83,7 @@ def centroid_release(cfg: Config, data: ClientData, model: torch.nn.Module) -> d
     seed = cfg["seed"] * 7919 + data.client_id
     handling = forget_handling(cfg)
     n_forget = len(data.forget_y)
-    clip = cfg["fedup-clip"]
+    clip = cfg["fedup.clip"]
     # (features, labels, flag): what is clustered, each part separately
     parts = []
     if handling == "relabel":
@@ -104,9 +104,9 @@ def centroid_release(cfg: Config, data: ClientData, model: torch.nn.Module) -> d
     everything = torch.cat([z for z, _, _ in features])
     diameter = feature_diameter(everything)
     n_used = len(everything)
-    bound = cfg["fedup-dp-bound"]
-    noise = cfg["fedup-sigma"] > 0 or math.isfinite(cfg["fedup-epsilon"])
-    if noise and ((bound == "eq21" and not diameter > 0) or (not cfg["fedup-delta"] and n_used < 2)):
+    bound = cfg["fedup.dp-bound"]
+    noise = cfg["fedup.sigma"] > 0 or math.isfinite(cfg["fedup.epsilon"])
+    if noise and ((bound == "eq21" and not diameter > 0) or (not cfg["fedup.delta"] and n_used < 2)):
         # one sample (or all features equal): eq. 21's sensitivity is 0 and delta = 1/n is 1; nothing
         # can be calibrated, so nothing is released
         return _empty_reply(feature_dim, started, **counters)
@@ -117,11 +117,11 @@ def centroid_release(cfg: Config, data: ClientData, model: torch.nn.Module) -> d
         flags.append(torch.full((len(l),), flag, dtype=torch.long))
     centroids, labels, counts, flags = (torch.cat(t) for t in (centroids, labels, counts, flags))
     sigma, epsilon, eq22, cluster_epsilon, sensitivity = 0.0, math.inf, math.inf, math.inf, 0.0
-    delta = cfg["fedup-delta"] or (1.0 / n_used if n_used >= 2 else 0.0)
+    delta = cfg["fedup.delta"] or (1.0 / n_used if n_used >= 2 else 0.0)
     if noise:
         sensitivity = centroid_sensitivity(clip, counts, bound=bound, diameter=diameter)
-        delta = resolve_delta(cfg["fedup-delta"], n_used)
-        sigma = cfg["fedup-sigma"] or calibrate_sigma(cfg["fedup-epsilon"], delta, sensitivity)
+        delta = resolve_delta(cfg["fedup.delta"], n_used)
+        sigma = cfg["fedup.sigma"] or calibrate_sigma(cfg["fedup.epsilon"], delta, sensitivity)
         epsilon = epsilon_spent(sigma, delta, sensitivity)
         eq22 = paper_eq22_epsilon(sigma, n_used, sensitivity)
         # the same noise read with a per-cluster count (each centroid moves by diameter / its cluster size)

@@ -4,7 +4,7 @@ The filter sits between the frozen feature extractor and the frozen head of a ``
 (``model.plugins.append(filter)``, eq. 13); removing it restores the original model (eq. 20).
 
 Architecture (the paper: "a straightforward encoder-decoder", bottleneck 32, Table 5; the layers
-are the official code's ``Adapter``), ``fedup-filter``:
+are the official code's ``Adapter``), ``fedup.filter``:
 
     official:  z (B, d) -> Linear(d, b, no bias) -> ReLU -> Linear(b, d, no bias) -> ReLU
     signed:    z (B, d) -> Linear(d, b) -> ReLU -> Linear(b, d)
@@ -35,12 +35,12 @@ from strategies.fedup.settings import FILTER_SHAPES, OPTIMIZERS, SETTINGS
 # One source of defaults: the run config's (``strategies.fedup.settings``). The learning rate has
 # none here: the run's default (0) means the run's own ``lr`` (``settings.filter_lr``).
 _DEFAULTS = {s.key: s.default for s in SETTINGS}
-DEFAULT_BOTTLENECK = _DEFAULTS["fedup-bottleneck"]
-DEFAULT_SHAPE = _DEFAULTS["fedup-filter"]
-DEFAULT_ALPHA = _DEFAULTS["fedup-alpha"]
-DEFAULT_EPOCHS = _DEFAULTS["fedup-epochs"]
-DEFAULT_BATCH_SIZE = _DEFAULTS["fedup-batch-size"]
-DEFAULT_OPTIMIZER = _DEFAULTS["fedup-optimizer"]
+DEFAULT_BOTTLENECK = _DEFAULTS["fedup.bottleneck"]
+DEFAULT_SHAPE = _DEFAULTS["fedup.filter"]
+DEFAULT_ALPHA = _DEFAULTS["fedup.alpha"]
+DEFAULT_EPOCHS = _DEFAULTS["fedup.epochs"]
+DEFAULT_BATCH_SIZE = _DEFAULTS["fedup.batch-size"]
+DEFAULT_OPTIMIZER = _DEFAULTS["fedup.optimizer"]
 
 
 class FedUPFilter(nn.Module):
@@ -52,7 +52,7 @@ class FedUPFilter(nn.Module):
         if feature_dim <= 0:
             raise ValueError(f"feature_dim must be > 0, got {feature_dim}")
         if bottleneck <= 0:
-            raise ValueError(f"fedup-bottleneck must be > 0, got {bottleneck}")
+            raise ValueError(f"fedup.bottleneck must be > 0, got {bottleneck}")
         if shape not in FILTER_SHAPES:
             raise ValueError(f"fedup-filter must be one of {', '.join(FILTER_SHAPES)}, got {shape!r}")
         self.shape = shape
@@ -92,15 +92,15 @@ def train_filter(
     targets, to any class of non-zero target probability).
     """
     if not 0 <= alpha <= 1:
-        raise ValueError(f"fedup-alpha must be in [0, 1], got {alpha}")
+        raise ValueError(f"fedup.alpha must be in [0, 1], got {alpha}")
     if epochs <= 0:
-        raise ValueError(f"fedup-epochs must be > 0, got {epochs}")
+        raise ValueError(f"fedup.epochs must be > 0, got {epochs}")
     if not lr > 0:
-        raise ValueError(f"fedup-lr must be > 0, got {lr}")
+        raise ValueError(f"fedup.lr must be > 0, got {lr}")
     if batch_size <= 0:
-        raise ValueError(f"fedup-batch-size must be > 0, got {batch_size}")
+        raise ValueError(f"fedup.batch-size must be > 0, got {batch_size}")
     if optimizer not in OPTIMIZERS:
-        raise ValueError(f"fedup-optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+        raise ValueError(f"fedup.optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     rows = centroids.shape[:1]
     if centroids.ndim != 2 or rows == (0,) or labels.shape[:1] != rows or labels.ndim > 2:
         raise ValueError(

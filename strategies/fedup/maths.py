@@ -13,7 +13,7 @@ coordinate (eq. 11), once (FedUP is one-shot: no composition). ``sigma`` is cali
   of *one mean over all n_i points*; a centroid averages only its cluster's ``n_c <= n_i`` points,
   and the diameter is measured on the data itself, so the guarantee is the paper's nominal one, not
   a proof for KMeans as run (it understates epsilon by up to ``n_i / n_c``).
-* ``bound="fixed-clusters"``: features clipped to ``C`` (``fedup-clip``); the assignment treated as
+* ``bound="fixed-clusters"``: features clipped to ``C`` (``fedup.clip``); the assignment treated as
   fixed, a replaced record moves only its own centroid, by at most ``2C / n_c``:
   ``D = 2C / min_c n_c``. Still not a guarantee for data-dependent KMeans.
 * ``bound="any-clustering"`` (safe): every centroid is a mean of points in B(0, C), hence in
@@ -56,14 +56,14 @@ def centroid_sensitivity(clip: float, counts: torch.Tensor | Sequence[int], *, b
     if bound not in SENSITIVITY_BOUNDS:
         raise ValueError(f"bound must be one of {', '.join(SENSITIVITY_BOUNDS)}, got {bound!r}")
     if not (0 < clip < math.inf):
-        raise ValueError(f"fedup-clip must be > 0 and finite for the {bound} bound, got {clip}")
+        raise ValueError(f"fedup.clip must be > 0 and finite for the {bound} bound, got {clip}")
     if bound == "fixed-clusters":
         return 2.0 * clip / int(sizes.min())
     return 2.0 * clip * math.sqrt(sizes.numel())
 
 
 def resolve_delta(delta: float, n: int) -> float:
-    """The DP target's delta: ``fedup-delta``, or ``1 / n`` (paper sec. 3.2.4, ``delta_i = 1/n_i``) when it is 0."""
+    """The DP target's delta: ``fedup.delta``, or ``1 / n`` (paper sec. 3.2.4, ``delta_i = 1/n_i``) when it is 0."""
     if delta:
         return delta
     if n < 2:
@@ -90,7 +90,7 @@ def epsilon_spent(sigma: float, delta: float, sensitivity: float) -> float:
     ``sigma = 0`` (no noise) spends ``inf``.
     """
     if not sigma >= 0:
-        raise ValueError(f"fedup-sigma must be >= 0, got {sigma}")
+        raise ValueError(f"fedup.sigma must be >= 0, got {sigma}")
     _check_privacy_target(1.0, delta, sensitivity)
     if sigma == 0:
         return math.inf
@@ -108,7 +108,7 @@ def classical_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
 def paper_eq22_epsilon(sigma: float, n: int, sensitivity: float) -> float:
     """Paper eq. 22: ``sqrt(2 ln(1.25 n)) * sensitivity / sigma`` (delta = 1/n); ``inf`` when sigma = 0."""
     if not sigma >= 0:
-        raise ValueError(f"fedup-sigma must be >= 0, got {sigma}")
+        raise ValueError(f"fedup.sigma must be >= 0, got {sigma}")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if not sensitivity > 0:
@@ -120,9 +120,9 @@ def paper_eq22_epsilon(sigma: float, n: int, sensitivity: float) -> float:
 
 def _check_privacy_target(epsilon: float, delta: float, sensitivity: float) -> None:
     if not epsilon > 0:
-        raise ValueError(f"fedup-epsilon must be > 0, got {epsilon}")
+        raise ValueError(f"fedup.epsilon must be > 0, got {epsilon}")
     if not 0 < delta < 1:
-        raise ValueError(f"fedup-delta must be in (0, 1), got {delta}")
+        raise ValueError(f"fedup.delta must be in (0, 1), got {delta}")
     if not (sensitivity > 0 and math.isfinite(sensitivity)):
         raise ValueError(f"sensitivity must be finite and > 0, got {sensitivity}")
 

@@ -10,8 +10,8 @@ encoder-decoder filter on them with alpha*CE + (1-alpha)*MSE (eqs. 16-19), extra
 plug-ins and head frozen. The filter is appended to the model's plug-ins, between extractor and
 head; the base weights are never touched.
 
-With ``fedup-forget-centroids=divert`` (not the paper's) the forget centroids come flagged and get
-one random other class each (``fedup-targets=random``) or targets spread over the other classes
+With ``fedup.forget-centroids=divert`` (not the paper's) the forget centroids come flagged and get
+one random other class each (``fedup.targets=random``) or targets spread over the other classes
 (``soft``, see ``strategies.fedup.centroids.divert_targets``).
 
 Several requests **stack** (a stream of requests, ``requests``): each adds its own filter after the
@@ -103,22 +103,22 @@ class FedUP(FedAvg, UnlearningMethod):
         cfg = ctx.cfg
         if not bool(forget.any()):
             return labels
-        if cfg["fedup-targets"] == "soft":
+        if cfg["fedup.targets"] == "soft":
             return divert_targets(labels, forget, cfg.num_classes)
         return relabel_forget_rows(labels, forget, cfg.num_classes, seed=cfg["seed"])
 
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         cfg = ctx.cfg
         centroids, labels, forget, privacy = self.collect(ctx)
-        spec = {"kind": FILTER_KIND, "bottleneck": cfg["fedup-bottleneck"], "shape": cfg["fedup-filter"],
+        spec = {"kind": FILTER_KIND, "bottleneck": cfg["fedup.bottleneck"], "shape": cfg["fedup.filter"],
                 "seed": cfg["seed"]}
         plugins = ctx.original.plugins + [spec]
         model = ctx.model_factory(plugins)
         model.load_state_dict({**model.state_dict(), **ctx.original.arrays.to_torch_state_dict()})
         started = time.perf_counter()
         history = train_filter(model.plugins[-1], model.head, centroids, self.targets(ctx, labels, forget),
-                               alpha=cfg["fedup-alpha"], epochs=cfg["fedup-epochs"], lr=filter_lr(cfg),
-                               batch_size=cfg["fedup-batch-size"], optimizer=cfg["fedup-optimizer"],
+                               alpha=cfg["fedup.alpha"], epochs=cfg["fedup.epochs"], lr=filter_lr(cfg),
+                               batch_size=cfg["fedup.batch-size"], optimizer=cfg["fedup.optimizer"],
                                seed=cfg["seed"])
         filter_seconds = time.perf_counter() - started
         epsilons = [c["epsilon"] for c in privacy["clients"].values()]

@@ -13,14 +13,14 @@ METHODS = (
     MethodSpec(
         "firm",
         "forget and retain clients each send once a LoRA task vector + diagonal Fisher (`query.fisher`); "
-        "Fisher-normalised Top-alpha merge, per-tensor retention projection (`firm-epsilon`); original adapter + "
+        "Fisher-normalised Top-alpha merge, per-tensor retention projection (`firm.epsilon`); original adapter + "
         "merged update",
         "strategies.firm.strategy:FIRMMethod",
         paper="FIRM: Fisher-Informed Retention Merging for Federated LLM Unlearning (`docs/firm.md`)",
         settings=SETTINGS,
-        reads=RMU_KEYS,  # firm-forget-objective='rmu' runs the rmu method's update (forget term)
+        reads=RMU_KEYS,  # firm.forget-objective='rmu' runs the rmu method's update (forget term)
         task_kinds=("llm",), scenarios=("client", "sample"),
         queries={"fisher": "strategies.firm.client:fisher_query"},
-        smoke={"firm-fisher-batches": 2},
+        smoke={"firm.fisher-batches": 2},
     ),
 )

@@ -169,7 +169,7 @@ def _norm(update: Mapping[str, torch.Tensor]) -> float:
 
 @dataclass(frozen=True)
 class FIRM:
-    """FIRM aggregator; settings as the run-config keys firm-gamma, firm-alpha, firm-eps0, firm-epsilon.
+    """FIRM aggregator; settings as the run-config keys firm.gamma, firm.alpha, firm.eps0, firm.epsilon.
 
     Defaults are the paper's: gamma 1.0, Top-10% (alpha 0.1), eps0 1e-8, epsilon inf (FIRM-base; the
     paper's QP runs use 4.1e-5 for a 7B model; the budget is per tensor and per retain client).
@@ -189,7 +189,7 @@ class FIRM:
     @classmethod
     def from_config(cls, config: Mapping) -> "FIRM":
         """Build from a run config (kebab-case ``firm-*`` keys; absent keys take the defaults)."""
-        keys = {"firm-gamma": "gamma", "firm-alpha": "alpha", "firm-eps0": "eps0", "firm-epsilon": "epsilon"}
+        keys = {"firm.gamma": "gamma", "firm.alpha": "alpha", "firm.eps0": "eps0", "firm.epsilon": "epsilon"}
         return cls(**{attr: float(config[key]) for key, attr in keys.items() if key in config})
 
     def aggregate(

@@ -137,11 +137,11 @@ def fisher_query(task, cfg, data, model, conf: dict, seed: int) -> dict:
     from strategies.rmu.train import model_plan
 
     role, objective = str(conf["role"]), str(conf["objective"])
-    batches = qa_batches(data.split(role), tokenizer, cfg["llm-batch-size"], seed)
+    batches = qa_batches(data.split(role), tokenizer, cfg["llm.batch-size"], seed)
     twin = fisher_reference_model(model, load_full_precision=lambda: full_precision_twin(cfg, model, device_for()))
     rmu = model_plan(cfg, model) if objective == "rmu" else None
     upload = adapter_release(model, batches, role=role, objective=objective, rmu=rmu,
-                             epochs=int(conf["llm-epochs"]), lr=float(conf["llm-lr"]), seed=seed,
+                             epochs=int(conf["llm-epochs"]), lr=float(conf["llm.lr"]), seed=seed,
                              fisher_batches=int(conf["fisher-batches"]), fisher_model=twin)
     return {"task-vector": upload["task_vector"], "fisher": upload["fisher"],
             "metrics": {"num-examples": upload["num_examples"]}}

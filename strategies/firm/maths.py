@@ -39,25 +39,25 @@ TensorDict = dict[str, torch.Tensor]
 def check_alpha(alpha: float) -> None:
     """Top-alpha fraction must lie in (0, 1]."""
     if not (isinstance(alpha, (int, float)) and 0.0 < alpha <= 1.0):
-        raise ValueError(f"firm-alpha must be in (0, 1], got {alpha!r}")
+        raise ValueError(f"firm.alpha must be in (0, 1], got {alpha!r}")
 
 
 def check_eps0(eps0: float) -> None:
     """Stabiliser eps0 must be a finite positive number."""
     if not (isinstance(eps0, (int, float)) and math.isfinite(eps0) and eps0 > 0.0):
-        raise ValueError(f"firm-eps0 must be a finite number > 0, got {eps0!r}")
+        raise ValueError(f"firm.eps0 must be a finite number > 0, got {eps0!r}")
 
 
 def check_epsilon(epsilon: float) -> None:
     """Retention budget must be > 0 (``inf`` disables the projection)."""
     if not (isinstance(epsilon, (int, float)) and not math.isnan(epsilon) and epsilon > 0.0):
-        raise ValueError(f"firm-epsilon must be > 0 (inf disables the projection), got {epsilon!r}")
+        raise ValueError(f"firm.epsilon must be > 0 (inf disables the projection), got {epsilon!r}")
 
 
 def check_gamma(gamma: float) -> None:
     """Merge scale must be finite and >= 0."""
     if not (isinstance(gamma, (int, float)) and math.isfinite(gamma) and gamma >= 0.0):
-        raise ValueError(f"firm-gamma must be a finite number >= 0, got {gamma!r}")
+        raise ValueError(f"firm.gamma must be a finite number >= 0, got {gamma!r}")
 
 
 def check_fisher(fisher: torch.Tensor, name: str = "fisher") -> None:

@@ -5,8 +5,8 @@ One round, no further client contact:
 1. The server sends the original model (the federated LoRA adapter) in a ``query.fisher`` message to
    every forget client (hello count ``n-forget`` > 0; each one is its own forget domain, named by its
    client id) and, for the merges that use retain vectors (FIRM, AVG, FULM), to every other client
-   holding retained data (``n-retain`` > 0). Config: role, objective (forget: ``firm-forget-objective``,
-   retain: ``ce``), ``llm-epochs`` / ``llm-lr`` = ``llm-unlearn-epochs`` / ``llm-unlearn-lr`` (the budget
+   holding retained data (``n-retain`` > 0). Config: role, objective (forget: ``firm.forget-objective``,
+   retain: ``ce``), ``llm-epochs`` / ``llm.lr`` = ``llm.unlearn-epochs`` / ``llm.unlearn-lr`` (the budget
    of ga/npo/simnpo, so SUM on one forget client with scale 1 is exactly ``ga``), ``fisher-batches``.
 2. Each client replies with its task vector (adapter after - adapter before) and the diagonal empirical
    Fisher of the LoRA tensors at the original adapter (``strategies.firm.client.adapter_release``).
@@ -48,10 +48,10 @@ State = dict[str, torch.Tensor]
 
 
 def _release_config(cfg, role: str) -> ConfigRecord:
-    objective = cfg["firm-forget-objective"] if role == "forget" else "ce"
+    objective = cfg["firm.forget-objective"] if role == "forget" else "ce"
     return ConfigRecord({"role": role, "objective": objective, "server-round": 1,
-                         "llm-epochs": cfg["llm-unlearn-epochs"], "llm-lr": cfg["llm-unlearn-lr"],
-                         "fisher-batches": cfg["firm-fisher-batches"]})
+                         "llm-epochs": cfg["llm.unlearn-epochs"], "llm.lr": cfg["llm.unlearn-lr"],
+                         "fisher-batches": cfg["firm.fisher-batches"]})
 
 
 def _upload(fed: Federation, reply: Message, role: str) -> dict:
@@ -101,9 +101,9 @@ class FisherMerge(UnlearningMethod):
         unlearned = {k: original[k] + merged[k].to(original[k].dtype) for k in original}
         log.info("[%s] merged the uploads of clients %s (dropped: %s); |update| %.4g", self.name, report.used,
                  report.dropped or "none", report.merged_norm)
-        details = {"space": "lora", "asked": asked, "forget_objective": cfg["firm-forget-objective"],
-                   "epochs": cfg["llm-unlearn-epochs"], "lr": cfg["llm-unlearn-lr"],
-                   "fisher_batches": cfg["firm-fisher-batches"], **report.to_dict()}
+        details = {"space": "lora", "asked": asked, "forget_objective": cfg["firm.forget-objective"],
+                   "epochs": cfg["llm.unlearn-epochs"], "lr": cfg["llm.unlearn-lr"],
+                   "fisher_batches": cfg["firm.fisher-batches"], **report.to_dict()}
         return UnlearnResult(ModelState(ArrayRecord(unlearned)), details)
 
 

@@ -22,7 +22,7 @@ METHODS = (
         reversible=True,
         objectives={"fused-overwrite": "strategies.fused.client:overwrite"},
         plugins={"fused-lora": "strategies.fused.adapter:build_plugin"},
-        smoke={"fused-rounds": 1},
+        smoke={"fused.rounds": 1},
         check=check_settings,
     ),
 )

@@ -64,7 +64,7 @@ def slot_name(path: str) -> str:
     return path.replace(".", "_")
 
 
-def check_targets(model: nn.Module, targets: list[str], key: str = "fused-layers") -> None:
+def check_targets(model: nn.Module, targets: list[str], key: str = "fused.layers") -> None:
     """One-line ``ValueError`` for a target the model lacks or that cannot take a LoRA adapter."""
     if not targets:
         raise ValueError(f"run-config '{key}' names no layer: give at least one module name")

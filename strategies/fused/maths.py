@@ -8,8 +8,8 @@
   ResNet-18 on CIFAR-100) takes the same places counted from the end of ``layer4``; the ViT (the
   paper: "the last several layers of the Transformer") its last two encoder layers' MLP and the head;
   the text models (MiniLM, BERT) by the same rule the feed-forward of the last trained encoder layer
-  (``{last}``, resolved on the model: ``text-train-layers`` sets how many there are) and the head.
-- :func:`layer_sensitivity` / :func:`critical_layers`: that identification, for ``fused-layers='cli'``.
+  (``{last}``, resolved on the model: ``text.train-layers`` sets how many there are) and the head.
+- :func:`layer_sensitivity` / :func:`critical_layers`: that identification, for ``fused.layers='cli'``.
 - :func:`relabel_forgotten`: class unlearning overwrites the forgotten class — its samples are
   trained with a label drawn uniformly from the other classes (the public code's relabelling).
 - :func:`merge_adapter`: the server's rule after each FedAvg of the adapters: the frozen base and
@@ -40,18 +40,18 @@ def _last_resolved(name: str, model: torch.nn.Module) -> str:
     container = name.partition(".{last}")[0]
     blocks = len(dict(model.named_modules()).get(container, ()))
     if blocks == 0:
-        raise ValueError(f"run-config 'fused-layers'='auto' adapts the last block of {container!r}, and the model "
-                         "trains none (text-train-layers=0): name its layers (comma-separated module names)")
+        raise ValueError(f"run-config 'fused.layers'='auto' adapts the last block of {container!r}, and the model "
+                         "trains none (text.train-layers=0): name its layers (comma-separated module names)")
     return name.replace("{last}", str(blocks - 1))
 
 
 def target_layers(arch: str, setting: str, model: torch.nn.Module) -> list[str]:
     """The layers of ``arch`` that get adapters: ``auto`` = :data:`DEFAULT_LAYERS` (``{last}`` resolved on
-    ``model``), else the comma-separated module names of ``fused-layers`` (checked against the model when it
+    ``model``), else the comma-separated module names of ``fused.layers`` (checked against the model when it
     is built); ``cli`` is chosen by a round of identification instead (``strategies.fused.strategy``)."""
     if setting.strip() == "auto":
         if arch not in DEFAULT_LAYERS:
-            raise ValueError(f"run-config 'fused-layers'='auto' has no table for model {arch!r}: "
+            raise ValueError(f"run-config 'fused.layers'='auto' has no table for model {arch!r}: "
                              f"name its layers (comma-separated module names)")
         return [_last_resolved(name, model) for name in DEFAULT_LAYERS[arch]]
     return [name.strip() for name in setting.split(",") if name.strip()]
@@ -77,7 +77,7 @@ def layer_sensitivity(start: dict[str, torch.Tensor], client_states: list[dict[s
 def critical_layers(sensitivity: dict[str, float], count: int) -> list[str]:
     """The ``count`` most sensitive layers (the first ``K`` of the paper's list ``LS``), in model order."""
     if not 1 <= count <= len(sensitivity):
-        raise ValueError(f"run-config 'fused-cli-layers'={count} is not allowed: must be in 1..{len(sensitivity)}")
+        raise ValueError(f"run-config 'fused.cli-layers'={count} is not allowed: must be in 1..{len(sensitivity)}")
     ranked = sorted(sensitivity, key=lambda layer: -sensitivity[layer])[:count]
     return [layer for layer in sensitivity if layer in ranked]
 

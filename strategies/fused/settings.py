@@ -6,19 +6,19 @@ from __future__ import annotations
 from core.config import Setting, at_least, positive, setting
 
 SETTINGS: tuple[Setting, ...] = (
-    setting("fused-layers", str, "auto",
+    setting("fused.layers", str, "auto",
             "layers that get a LoRA adapter: auto = the per-model table of docs/fused.md, cli = the paper's "
             "critical-layer identification (one round), or comma-separated module names (nn.Linear / nn.Conv2d)"),
-    setting("fused-cli-layers", int, 0,
-            "with fused-layers=cli: how many of the most sensitive layers get adapters; 0 = as many as the auto table "
+    setting("fused.cli-layers", int, 0,
+            "with fused.layers=cli: how many of the most sensitive layers get adapters; 0 = as many as the auto table "
             "has for the model", at_least(0)),
-    setting("fused-rank", int, 16, "LoRA rank r of each adapter", positive()),
-    setting("fused-alpha", float, 32.0, "LoRA alpha (the update is scaled by alpha / r)", positive()),
-    setting("fused-dropout", float, 0.1, "LoRA dropout on each adapted layer's input",
+    setting("fused.rank", int, 16, "LoRA rank r of each adapter", positive()),
+    setting("fused.alpha", float, 32.0, "LoRA alpha (the update is scaled by alpha / r)", positive()),
+    setting("fused.dropout", float, 0.1, "LoRA dropout on each adapted layer's input",
             ((lambda v: 0 <= v < 1), "in [0, 1)")),
-    setting("fused-rounds", int, 10, "FedAvg rounds that train the adapters", positive()),
-    setting("fused-epochs", int, 1, "local epochs per round on the adapters", positive()),
-    setting("fused-lr", float, 0.01, "local SGD learning rate of the adapters (the run's momentum)", positive()),
+    setting("fused.rounds", int, 10, "FedAvg rounds that train the adapters", positive()),
+    setting("fused.epochs", int, 1, "local epochs per round on the adapters", positive()),
+    setting("fused.lr", float, 0.01, "local SGD learning rate of the adapters (the run's momentum)", positive()),
 )
 
 
@@ -32,12 +32,12 @@ def check_settings(cfg) -> None:
 
     try:
         model = cfg.task.model_outline(cfg)
-        if cfg["fused-layers"].strip() == "cli":
+        if cfg["fused.layers"].strip() == "cli":
             adaptable = sum(isinstance(m, ADAPTABLE) for m in model.modules())
-            if cfg["fused-cli-layers"] > adaptable:
-                raise ValueError(f"run-config 'fused-cli-layers'={cfg['fused-cli-layers']} is not allowed: must be "
+            if cfg["fused.cli-layers"] > adaptable:
+                raise ValueError(f"run-config 'fused.cli-layers'={cfg['fused.cli-layers']} is not allowed: must be "
                                  f"in 0..{adaptable} (the model's Linear / Conv2d layers)")
             return
-        check_targets(model, target_layers(cfg.task.arch, cfg["fused-layers"], model))
+        check_targets(model, target_layers(cfg.task.arch, cfg["fused.layers"], model))
     except ValueError as err:
         raise ConfigError(f"{err} (task '{cfg['task']}')") from None

@@ -1,11 +1,11 @@
 """FUSED ("Unlearning through Knowledge Overwriting: Reversible Federated Unlearning via Selective
 Sparse Adapter", Zhong et al.) as a method.
 
-1. The server appends a ``fused-lora`` plug-in to the original model: peft LoRA (``fused-rank``,
-   ``fused-alpha``, ``fused-dropout``) on the layers of ``fused-layers`` (``strategies.fused.adapter``,
+1. The server appends a ``fused-lora`` plug-in to the original model: peft LoRA (``fused.rank``,
+   ``fused.alpha``, ``fused.dropout``) on the layers of ``fused.layers`` (``strategies.fused.adapter``,
    the per-model table in ``strategies.fused.maths``); its ``B`` starts at zero, so the model starts
    as the original.
-2. ``fused-rounds`` FedAvg rounds train the adapters only (objective ``fused-overwrite``,
+2. ``fused.rounds`` FedAvg rounds train the adapters only (objective ``fused-overwrite``,
    ``strategies.fused.client``) on the retained data: client and sample unlearning — every client
    with retained data on it (the leaving client has none; the sample client keeps its clean
    samples, as the public code drops the backdoored ones); class unlearning — every client on all
@@ -19,10 +19,10 @@ so every round sends the whole model down (base + adapter) while only the adapte
 the paper counts only the adapter both ways. Its LoRA (r 16, alpha 32, dropout 0.1) is dense on
 each layer, as in its public code, although the paper's text speaks of a randomly sparsified matrix.
 The critical layers come from the table (the public code's outcome of its layer identification)
-unless ``fused-layers='cli'``: then one round of ordinary local training (the whole model, the
+unless ``fused.layers='cli'``: then one round of ordinary local training (the whole model, the
 adapters' clients, data, epochs and learning rate) from the original model ranks the layers by
 the paper's ``Diff_l`` (:func:`strategies.fused.maths.layer_sensitivity`) and the
-``fused-cli-layers`` most sensitive Linear / Conv2d layers get adapters; that round's whole-model
+``fused.cli-layers`` most sensitive Linear / Conv2d layers get adapters; that round's whole-model
 uploads are charged to the unlearn phase.
 """
 
@@ -63,9 +63,9 @@ class FUSED(UnlearningMethod):
         """Critical-layer identification: one round of local training, layers ranked by ``Diff_l``."""
         cfg, fed = ctx.cfg, ctx.fed
         layers = [n for n, m in ctx.model_factory([]).named_modules() if isinstance(m, ADAPTABLE)]
-        count = cfg["fused-cli-layers"] or len(DEFAULT_LAYERS[cfg.task.arch])
+        count = cfg["fused.cli-layers"] or len(DEFAULT_LAYERS[cfg.task.arch])
         strategy = RoleFedAvg(fed, role, fraction_train=cfg["fraction-train"], seed=cfg["seed"] + 4)
-        config = ConfigRecord({"epochs": cfg["fused-epochs"], "lr": cfg["fused-lr"]})
+        config = ConfigRecord({"epochs": cfg["fused.epochs"], "lr": cfg["fused.lr"]})
         replies = fed.exchange(list(strategy.configure_train(1, ctx.original.arrays, config, fed.grid)), round_no=1)
         fed.cost(fed.phase).rounds += 1
         sensitivity = layer_sensitivity(ctx.original.arrays.to_torch_state_dict(),
@@ -78,12 +78,12 @@ class FUSED(UnlearningMethod):
         class_request = cfg["scenario"] == "class"
         role = "all" if class_request else "retain"
         sensitivity = None
-        if cfg["fused-layers"].strip() == "cli":
+        if cfg["fused.layers"].strip() == "cli":
             targets, sensitivity = self.identify(ctx, role)
         else:
-            targets = target_layers(cfg.task.arch, cfg["fused-layers"], ctx.model_factory([]))
-        spec = {"kind": ADAPTER_KIND, "targets": targets, "r": cfg["fused-rank"], "alpha": cfg["fused-alpha"],
-                "dropout": cfg["fused-dropout"], "seed": cfg["seed"]}
+            targets = target_layers(cfg.task.arch, cfg["fused.layers"], ctx.model_factory([]))
+        spec = {"kind": ADAPTER_KIND, "targets": targets, "r": cfg["fused.rank"], "alpha": cfg["fused.alpha"],
+                "dropout": cfg["fused.dropout"], "seed": cfg["seed"]}
         if ctx.original.plugins:
             raise RunStopped(f"phase 'unlearn': fused adds its adapter to a model without plug-ins, but the original "
                              f"carries {len(ctx.original.plugins)} (scope 'plugins' would train them too)")
@@ -93,12 +93,12 @@ class FUSED(UnlearningMethod):
         start = {**ctx.original.arrays.to_torch_state_dict(), **adapter}
         strategy = AdapterFedAvg(fed, role, start, index, fraction_train=cfg["fraction-train"], seed=cfg["seed"] + 5)
         config = ConfigRecord({"objective": "fused-overwrite", "scope": "plugins", "plugins": specs_to_json(plugins),
-                               "epochs": cfg["fused-epochs"], "lr": cfg["fused-lr"], "relabel": class_request})
-        arrays = run_rounds(fed, strategy, ArrayRecord(start), rounds=cfg["fused-rounds"], config=config,
+                               "epochs": cfg["fused.epochs"], "lr": cfg["fused.lr"], "relabel": class_request})
+        arrays = run_rounds(fed, strategy, ArrayRecord(start), rounds=cfg["fused.rounds"], config=config,
                             label="fused adapters", method=self.name)
         details = {"layers": targets, "adapter_parameters": sum(v.numel() for v in adapter.values()),
                    "model_parameters": sum(v.numel() for k, v in start.items() if k not in adapter),
-                   "role": role, "relabel": class_request, "rounds": cfg["fused-rounds"],
+                   "role": role, "relabel": class_request, "rounds": cfg["fused.rounds"],
                    "layer_sensitivity": sensitivity}
         return UnlearnResult(ModelState(arrays, plugins), details)
 

@@ -12,7 +12,7 @@ from strategies.registry import MethodSpec
 
 # The paper runs its NLP experiments without the temporary adapter, and the LLM task has no plug-in
 # point: Lethe rectifies the LoRA adapter directly there.
-LLM_PRESET = {"lethe-adapter-steps": 0}
+LLM_PRESET = {"lethe.adapter-steps": 0}
 
 METHODS = (
     MethodSpec(
@@ -27,7 +27,7 @@ METHODS = (
         objectives={"adapter-ascent": "strategies.lethe.client:adapter_ascent"},
         plugins={"lethe-adapter": "strategies.lethe.adapter:build_plugin"},
         presets={"llm": LLM_PRESET},
-        smoke={"lethe-rectify-rounds": 1, "lethe-restore-rounds": 1, "guard-restore-extra-rounds": 0},
+        smoke={"lethe.rectify-rounds": 1, "lethe.restore-rounds": 1, "guard.restore-extra-rounds": 0},
         check=check_settings,
     ),
 )

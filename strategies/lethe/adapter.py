@@ -15,7 +15,7 @@ Eq. 6 is plain gradient ascent, ``φ ← φ + η ∇_φ L(w_ori, φ; D_u)`` with
 steps: :func:`train_adapter_ascent` with ``max_loss = inf`` (the default). A step that would make an
 adapter parameter non-finite is undone and ends the ascent (a model must stay finite to be used).
 
-With the ``guard-bounded-ascent`` guard (a finite ``max_loss``), the steps are *normalised*,
+With the ``guard.bounded-ascent`` guard (a finite ``max_loss``), the steps are *normalised*,
 ``φ ← φ + η ∇_φ L / ‖∇_φ L‖`` (global norm over the adapter): a memorised forget set starts with
 near-zero gradients that grow with the loss, so plain steps first crawl and then explode, while
 normalised steps move the adapter the same distance each time. Ascent on cross-entropy has no
@@ -102,7 +102,7 @@ def train_adapter_ascent(
     batch_size: int = 32,
 ) -> dict[str, float]:
     """Eq. 6: ``steps`` gradient-ascent steps of step size ``lr`` on the forget set, updating only
-    ``model.plugins[adapter_index]``. ``max_loss`` finite (``guard-bounded-ascent``): normalised steps of
+    ``model.plugins[adapter_index]``. ``max_loss`` finite (``guard.bounded-ascent``): normalised steps of
     length ``lr``, a stop once a batch's loss reaches it, the label margin where the loss is saturated.
 
     ``data`` is an ``(inputs, labels)`` tensor pair (shuffled into ``batch_size`` mini-batches with
@@ -114,9 +114,9 @@ def train_adapter_ascent(
     cross-entropy's gradient was exactly 0}`` (losses are ``nan`` when ``steps == 0``).
     """
     if steps < 0:
-        raise ValueError(f"lethe-adapter-steps must be >= 0, got {steps}")
+        raise ValueError(f"lethe.adapter-steps must be >= 0, got {steps}")
     if not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lethe-adapter-lr must be a finite number > 0, got {lr}")
+        raise ValueError(f"lethe.adapter-lr must be a finite number > 0, got {lr}")
     if not max_loss > 0:
         raise ValueError(f"max_loss must be > 0 (inf = the paper's plain ascent), got {max_loss}")
     bounded = math.isfinite(max_loss)
@@ -207,7 +207,7 @@ def loss_without_adapter(model: SplitModel, x: torch.Tensor, y: torch.Tensor, ba
     """Mean cross-entropy of the model with every ``LetheAdapter`` plug-in bypassed (other plug-ins,
     e.g. a filter, stay), in eval mode: how much the *backbone* alone has forgotten ``(x, y)``.
 
-    The loss stop of rectification reads this figure (``guard-stop-loss``); the composite model's own
+    The loss stop of rectification reads this figure (``guard.stop-loss``); the composite model's own
     loss says nothing about it, since the adapter was trained to make it large. Clients report it
     in their ``train`` reply (``loss-before``, the task's ``loss_bypassing`` of this kind).
     """

@@ -1,7 +1,7 @@
 """Lethe's client-side work: the ``adapter-ascent`` objective of a ``train`` message (vision tasks).
 
 Phase 1 ("amplify"): only the temporary adapter (the last plug-in) moves, by gradient ascent on the
-forget data (``strategies.lethe.adapter.train_adapter_ascent``; bounded with ``guard-bounded-ascent``).
+forget data (``strategies.lethe.adapter.train_adapter_ascent``; bounded with ``guard.bounded-ascent``).
 """
 
 from __future__ import annotations
@@ -17,4 +17,4 @@ def adapter_ascent(model, x: torch.Tensor, y: torch.Tensor, *, cfg, conf: dict, 
     lr = float(conf.get("lr", cfg["lr"]))
     return train_adapter_ascent(model, len(model.plugins) - 1, (x, y), steps=int(conf["max-steps"]), lr=lr,
                                 seed=seed, batch_size=cfg["batch-size"],
-                                max_loss=cfg["guard-bounded-ascent"])["loss_end"]
+                                max_loss=cfg["guard.bounded-ascent"])["loss_end"]

@@ -44,7 +44,7 @@ def _check_pair(retain: Layers, forget: Layers) -> None:
 
 def _check_gamma(gamma: float) -> None:
     if not (isinstance(gamma, (int, float)) and math.isfinite(gamma) and gamma > 0):
-        raise ValueError(f"lethe-gamma must be a finite number > 0, got {gamma!r}")
+        raise ValueError(f"lethe.gamma must be a finite number > 0, got {gamma!r}")
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -155,9 +155,9 @@ def feasible_gamma_range(bounds: dict[str, tuple[float, float] | None]) -> tuple
 
 
 def layer_gammas(bounds: dict, gamma: float, mode: str) -> dict[str, float]:
-    """Gamma per layer (``guard-gamma-rule``): ``fixed`` = ``lethe-gamma`` everywhere (the paper);
-    ``clamp`` = ``lethe-gamma`` clipped into the layer's Prop. IV.1 interval [s/|Δu|², |Δr|²/s] wherever
-    the streams align; ``upper`` = the interval's upper end |Δr|²/s (``lethe-gamma`` unused).
+    """Gamma per layer (``guard.gamma-rule``): ``fixed`` = ``lethe.gamma`` everywhere (the paper);
+    ``clamp`` = ``lethe.gamma`` clipped into the layer's Prop. IV.1 interval [s/|Δu|², |Δr|²/s] wherever
+    the streams align; ``upper`` = the interval's upper end |Δr|²/s (``lethe.gamma`` unused).
 
     ``clamp`` and ``upper`` are ours: inside the interval the rectified update increases the forget
     loss and does not oppose the retain stream (to first order), per layer and per round. A fixed gamma
@@ -209,7 +209,7 @@ def lift_retain(retain: Layers, forget: Layers, floor: float) -> tuple[Layers, f
 def clip_to_reference(update: Layers, reference: Layers, ratio: float) -> Layers:
     """Scale ``update`` down so its global L2 norm is at most ``ratio`` x the reference's (0 = off).
 
-    Ours (``guard-step-clip``): where the streams anti-align eq. 10 applies ``-Δu``, a gradient *ascent*
+    Ours (``guard.step-clip``): where the streams anti-align eq. 10 applies ``-Δu``, a gradient *ascent*
     step on the forget data; as the forget loss grows, so does ``Δu``, and unbounded steps can diverge
     to non-finite weights within a few rounds. Bounding each rectified step by the retain stream's size
     (a normal FedAvg step) keeps the direction of eq. 10 and the per-layer signs of Prop. IV.1 (a

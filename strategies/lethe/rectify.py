@@ -33,21 +33,21 @@ class RectifyPhase:
     """Lethe's rectification rounds and the rules that stop and guard them."""
 
     def rectify_rounds(self, ctx: UnlearnContext, state: State, plugins: list[dict]) -> tuple[State, list, dict]:
-        """Phase 2: ``lethe-rectify-rounds`` rounds of dual-stream rectification of the backbone.
+        """Phase 2: ``lethe.rectify-rounds`` rounds of dual-stream rectification of the backbone.
 
         Each round: both streams from the composite model (forget clients: eq. 7; retained clients,
         count-weighted: eq. 8), then per named parameter tensor eq. 10 with the γ of
-        ``guard-gamma-rule`` and eq. 11. Buffers (BatchNorm statistics) take the retain stream's average.
+        ``guard.gamma-rule`` and eq. 11. Buffers (BatchNorm statistics) take the retain stream's average.
         Returns the rectified state, the per-round history (stream norms, the Prop. IV.1 bounds per
         layer and whether each γ lies inside them) and the guard's record.
 
         A step whose result would be non-finite is never applied, and a round whose reports are
         non-finite rolls the step before it back; rectification then stops (the model must stay
-        finite to be evaluated). The guards (off by default): ``guard-step-clip`` bounds each step
-        and lifts a vanishing retain stream; ``guard-stop-loss`` ends the phase once the backbone's
+        finite to be evaluated). The guards (off by default): ``guard.step-clip`` bounds each step
+        and lifts a vanishing retain stream; ``guard.stop-loss`` ends the phase once the backbone's
         forget loss reaches it and the backbone predicts at most ``STOP_FORGET_ACC`` of the forget set
         as its label, and halves (at most ``SHRINK_TRIES`` times) or rolls back a step past 3x it;
-        ``guard-retain-rise`` rolls back a step that raised the retained clients' loss by more than it
+        ``guard.retain-rise`` rolls back a step that raised the retained clients' loss by more than it
         (a pass's first step is halved first, since rolling it back ends the pass where it began). A
         shortened step still short of the stop is kept and rectification goes on from it
         (``guard["shrunk_then_on"]``). ``guard["unchecked"]`` holds the last step when the round cap
@@ -56,22 +56,22 @@ class RectifyPhase:
         param_names = [n for n, _ in ctx.model_factory(plugins).named_parameters()
                        if not n.startswith(PLUGIN_PREFIX)]
         buffer_names = [k for k in state if k not in param_names and not k.startswith(PLUGIN_PREFIX)]
-        gamma, history = cfg["lethe-gamma"], []
-        step_clip, clip_floor = cfg["guard-step-clip"], cfg["guard-clip-floor"]
+        gamma, history = cfg["lethe.gamma"], []
+        step_clip, clip_floor = cfg["guard.step-clip"], cfg["guard.clip-floor"]
         lift_on = step_clip > 0  # the step-clip guard also lifts a vanishing retain stream
         lift_floor = clip_floor if lift_on else 0.0
         if lift_on and self.later_pass:  # restore has just fit the retained data
             lift_floor = max(lift_floor, VERIFY_LIFT)
-        local = {"scope": "base", "lr": rectify_lr(cfg), "epochs": cfg["lethe-epochs"]}
-        judge = _Judge(cfg["guard-stop-loss"], cfg["guard-retain-rise"], relative=self.later_pass)
+        local = {"scope": "base", "lr": rectify_lr(cfg), "epochs": cfg["lethe.epochs"]}
+        judge = _Judge(cfg["guard.stop-loss"], cfg["guard.retain-rise"], relative=self.later_pass)
         guard: dict = {"action": "none"}
         previous = None  # (state before the last applied step, the step, its retain views, its round)
         checkpoints: list[State] = []  # the state before every applied step, oldest first
         start_loss = None  # the retained clients' loss of the starting backbone (round 1's loss-before)
-        for t in range(1, cfg["lethe-rectify-rounds"] + 1):
+        for t in range(1, cfg["lethe.rectify-rounds"] + 1):
             ask_start = {"report-loss-before": "retain"} if t == 1 else {}
             forget_views, retain_views, forget_loss = self._streams(ctx, state, plugins, round_no=t,
-                                                                    stop_loss=cfg["guard-stop-loss"], **local,
+                                                                    stop_loss=cfg["guard.stop-loss"], **local,
                                                                     **ask_start)
             fed.cost(fed.phase).rounds += 1
             if t == 1 and all("loss-before" in v["metrics"] for v in retain_views):
@@ -96,7 +96,7 @@ class RectifyPhase:
                 break
             if verdict == "explode":
                 raise RunStopped(f"phase 'unlearn' round {t} (method 'lethe'): a Lethe update stream or loss is "
-                                 f"non-finite on the starting model (norms {norms}); lower lethe-lr")
+                                 f"non-finite on the starting model (norms {norms}); lower lethe.lr")
             if verdict == "stop" and not self._forgotten(ctx, state, t, entry):
                 verdict = "go"
             if verdict != "go":
@@ -106,7 +106,7 @@ class RectifyPhase:
                 break
             retain, lift = lift_retain(retain, forget, lift_floor)
             bounds = gamma_bounds(retain, forget)
-            gammas = layer_gammas(bounds, gamma, cfg["guard-gamma-rule"])
+            gammas = layer_gammas(bounds, gamma, cfg["guard.gamma-rule"])
             inside = check_gamma(bounds, gammas)
             update = clip_to_reference(rectify(retain, forget, gammas), clip_reference(retain, forget, clip_floor),
                                        step_clip)
@@ -123,9 +123,9 @@ class RectifyPhase:
             log.info("[lethe] rectify round %d/%d: |retain| %.3g (lifted x %.3g) |forget| %.3g; forget loss %.3g, "
                      "retained loss %s; %d/%d layers aligned (s>0), gamma (%s) inside the Prop. IV.1 bounds on %d "
                      "of them",
-                     t, cfg["lethe-rectify-rounds"], norms["retain"], lift, norms["forget"], forget_loss,
+                     t, cfg["lethe.rectify-rounds"], norms["retain"], lift, norms["forget"], forget_loss,
                      "n/a" if retain_loss is None else f"{retain_loss:.3g}", len(aligned), len(bounds),
-                     cfg["guard-gamma-rule"], sum(inside[k] for k in aligned))
+                     cfg["guard.gamma-rule"], sum(inside[k] for k in aligned))
             feasible = feasible_gamma_range(bounds)
             history.append({**entry, "retain_norm": norms["retain"], "forget_norm": norms["forget"],
                             "retain_lift": lift, "feasible_gamma": list(feasible) if feasible else None,
@@ -138,7 +138,7 @@ class RectifyPhase:
         guard["baseline_retain_loss"] = judge.reference_loss
         guard["start_retain_loss"] = start_loss
         if judge.relative:
-            guard["stop_loss"] = judge.stop_loss  # this pass's stop: guard-stop-loss above its start
+            guard["stop_loss"] = judge.stop_loss  # this pass's stop: guard.stop-loss above its start
         guard["checkpoints"] = [c for c in checkpoints if c is not state]
         return state, history, guard
 
@@ -171,7 +171,7 @@ class RectifyPhase:
                 if nonfinite_tensors(candidate):
                     continue
                 _, views, forget_loss = self._streams(ctx, candidate, plugins, round_no=round_no,
-                                                      stop_loss=cfg["guard-stop-loss"], **local)
+                                                      stop_loss=cfg["guard.stop-loss"], **local)
                 fed.cost(fed.phase).rounds += 1
                 again, retain_loss = judge(forget_loss, views)
                 log.info("[lethe] guard: round %d's step x %g gives forget loss %.3g, retained loss %s: %s",

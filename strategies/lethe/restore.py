@@ -1,4 +1,4 @@
-"""Phase 3 of Lethe, with ``guard-rectified-restore``: restore the utility of the rectified,
+"""Phase 3 of Lethe, with ``guard.rectified-restore``: restore the utility of the rectified,
 adapter-free backbone without re-learning the forget data (ours).
 
 :class:`RestorePhase` is mixed into :class:`strategies.lethe.strategy.Lethe`, whose ``_streams``
@@ -43,7 +43,7 @@ class RestorePhase:
                        guard: dict | None = None, checkpoints: list[State] | None = None,
                        reference: float | None = None, target_reference: float | None = None,
                        lr_scale: float = 1.0) -> State:
-        """Phase 3 with ``guard-rectified-restore``: ``lethe-restore-rounds`` rounds in which the
+        """Phase 3 with ``guard.rectified-restore``: ``lethe.restore-rounds`` rounds in which the
         retained clients train the adapter-free model as in FedAvg (the run's ``lr`` times ``lr_scale``,
         ``local-epochs``) and the forget clients do the same on their forget data; the server applies the
         retain stream with its component along the forget stream removed wherever they align
@@ -51,26 +51,26 @@ class RestorePhase:
 
         ``fallback``: the model before rectification's last step when no report judged that step. The
         first restore round's forget clients then report their forget loss of the received model; if it
-        is non-finite or past 3x ``guard-stop-loss`` the step is rolled back and the round runs again from
+        is non-finite or past 3x ``guard.stop-loss`` the step is rolled back and the round runs again from
         ``fallback``. A restore round whose result would be non-finite is not applied and ends restore
         (``guard["restore_refused_round"]``). A round whose retained clients report a loss more than
-        ``guard-retain-rise`` above their report of the first restore round rolls the previous restore
+        ``guard.retain-rise`` above their report of the first restore round rolls the previous restore
         step back and ends restore (``guard["restore_rolled_back_round"]``).
 
-        The walk-back (``guard-walk-back``): rectification judged its steps through the adapter, and the
+        The walk-back (``guard.walk-back``): rectification judged its steps through the adapter, and the
         first restore round is the first report on the backbone alone. While its retained loss is more
-        than ``guard-walk-back`` above ``reference`` (the retained clients' loss in rectification's first
+        than ``guard.walk-back`` above ``reference`` (the retained clients' loss in rectification's first
         round), restore goes back one rectification step (``checkpoints``, oldest first;
         ``guard["backbone_steps_undone"]``), at worst to the original; then the largest passing fraction
         of the step undone last is taken back (:meth:`_backbone_search`).
 
-        Extra rounds (``guard-restore-extra-rounds``): while no model that :func:`_best_restored` may keep
+        Extra rounds (``guard.restore-extra-rounds``): while no model that :func:`_best_restored` may keep
         has a retained loss within ``RESTORE_TARGET_RISE`` of ``target_reference`` (the same clients' loss of
         the model rectification started from, read the same way), more rounds follow, each applying
         ``EXTRA_STEP`` of its update; the first model within the target ends restore."""
         cfg, fed = ctx.cfg, ctx.fed
-        retain_rise = cfg["guard-retain-rise"]
-        backbone_rise = cfg["guard-walk-back"]
+        retain_rise = cfg["guard.retain-rise"]
+        backbone_rise = cfg["guard.walk-back"]
         guard = {} if guard is None else guard
         param_names = [n for n, _ in ctx.model_factory([]).named_parameters()]
         buffer_names = [k for k in state if k not in param_names]
@@ -79,21 +79,21 @@ class RestorePhase:
         baseline: dict[int, float] = {}
         before = None  # the state before the last applied restore step
         judged: list[tuple[dict, State]] = []  # (retained loss-before per node, the state it judges)
-        rounds = cfg["lethe-restore-rounds"]
+        rounds = cfg["lethe.restore-rounds"]
         target = None if target_reference is None else target_reference + RESTORE_TARGET_RISE
-        for t in range(1, rounds + (cfg["guard-restore-extra-rounds"] if rounds else 0) + 1):
-            round_no = cfg["lethe-rectify-rounds"] + t
+        for t in range(1, rounds + (cfg["guard.restore-extra-rounds"] if rounds else 0) + 1):
+            round_no = cfg["lethe.rectify-rounds"] + t
             check = fallback is not None and t == 1
             forget_views, retain_views, forget_loss = self._streams(
-                ctx, state, [], round_no=round_no, stop_loss=cfg["guard-stop-loss"] if check else None, **local)
+                ctx, state, [], round_no=round_no, stop_loss=cfg["guard.stop-loss"] if check else None, **local)
             fed.cost(fed.phase).rounds += 1
             if check:
-                verdict = rectify_verdict(forget_loss, guard.get("stop_loss", cfg["guard-stop-loss"]), None, None,
+                verdict = rectify_verdict(forget_loss, guard.get("stop_loss", cfg["guard.stop-loss"]), None, None,
                                           retain_rise)
                 if verdict in ("explode", "overshoot"):
                     log.warning("[lethe] guard: the last rectify step gives forget loss %.3g (%s): rolled back",
                                 forget_loss, verdict)
-                    guard.update({"action": "rolled-back", "round": cfg["lethe-rectify-rounds"], "verdict": verdict,
+                    guard.update({"action": "rolled-back", "round": cfg["lethe.rectify-rounds"], "verdict": verdict,
                                   "forget_loss": forget_loss})
                     state = fallback
                     forget_views, retain_views, _ = self._streams(ctx, state, [], round_no=round_no, **local)
@@ -154,7 +154,7 @@ class RestorePhase:
                      len(param_names))
         else:
             if judged:  # the last step's model: one more round of reports, without training
-                _, retain_views, _ = self._streams(ctx, state, [], round_no=cfg["lethe-rectify-rounds"] + t + 1,
+                _, retain_views, _ = self._streams(ctx, state, [], round_no=cfg["lethe.rectify-rounds"] + t + 1,
                                                    **{**local, "epochs": 0, "llm-epochs": 0})
                 fed.cost(fed.phase).rounds += 1
                 judged.append((losses_before(retain_views), state))
@@ -162,10 +162,10 @@ class RestorePhase:
 
     def _backbone_search(self, ctx: UnlearnContext, start: State, undone: State, views, reference: float,
                          round_no: int, local: dict, guard: dict, checkpoints: list[State]):
-        """The walk-back went back to ``start`` (its retained loss within ``guard-walk-back``) from
+        """The walk-back went back to ``start`` (its retained loss within ``guard.walk-back``) from
         ``undone`` (above it): bisect the undone step, ``start + f (undone - start)``, for the largest
         ``f`` whose retained loss is at most ``start``'s own plus ``WALK_BACK_SEARCH_RISE`` (and within
-        ``guard-walk-back`` of ``reference``), so that less of the step's forgetting is lost; each of the
+        ``guard.walk-back`` of ``reference``), so that less of the step's forgetting is lost; each of the
         ``WALK_BACK_SEARCH`` probes is one round of both streams from the candidate. Returns ``(state,
         forget views, retain views)`` of the chosen candidate; with ``f > 0`` the ``start`` is put back on
         ``checkpoints`` (a restore retry goes back to it). Recorded: ``guard["backbone_fraction"]``,
@@ -173,7 +173,7 @@ class RestorePhase:
         cfg, fed = ctx.cfg, ctx.fed
         low, high, best = 0.0, 1.0, (start, *views)
         start_loss = guard["backbone_checkpoint_loss"] = mean_loss(views[1])
-        bound = min(reference + cfg["guard-walk-back"],
+        bound = min(reference + cfg["guard.walk-back"],
                     start_loss + WALK_BACK_SEARCH_RISE)
         probes = guard["backbone_search"] = []
         for _ in range(WALK_BACK_SEARCH):
@@ -197,7 +197,7 @@ class RestorePhase:
     def restore_within_bound(self, ctx: UnlearnContext, base: State, fallback: State | None, guard: dict,
                              checkpoints: list[State], start_loss: float | None) -> State:
         """Restore (:meth:`_restore_with_retries`) such that the model it keeps is rated by the retained
-        clients at most ``guard-retain-rise`` above ``start_loss`` (their loss of the original,
+        clients at most ``guard.retain-rise`` above ``start_loss`` (their loss of the original,
         :func:`pass_utility`). Where it is not, restore
         runs again from the same backbone and checkpoints with the clients' lr halved, at most
         ``RESTORE_HALVINGS`` times: restore is FedAvg on non-IID clients and can diverge where a smaller
@@ -205,7 +205,7 @@ class RestorePhase:
         retained clients rate best (then :meth:`Lethe.attempt` reports the pass as not carried out).
         ``guard`` ends as the kept attempt's; where more than one ran, ``guard["restore_halvings"]`` lists
         each: ``lr_scale``, ``retain_loss`` (of its kept model), ``kept``."""
-        rise = ctx.cfg["guard-retain-rise"]
+        rise = ctx.cfg["guard.retain-rise"]
         attempts: list[_Attempt] = []
         for halving in range(RESTORE_HALVINGS + 1):
             scale = 0.5 ** halving
@@ -270,8 +270,8 @@ def broken_because(utility: dict, start_loss: float | None) -> str:
 
 def _scaled_lr(cfg, scale: float) -> dict:
     """The lr keys of restore's local training at ``scale`` of the run's: ``lr`` (vision and text
-    tasks) and, where scaled, ``llm-lr`` (the LLM task trains on that one)."""
-    return {"lr": cfg["lr"] * scale, **({"llm-lr": cfg["llm-lr"] * scale} if scale != 1.0 else {})}
+    tasks) and, where scaled, ``llm.lr`` (the LLM task trains on that one)."""
+    return {"lr": cfg["lr"] * scale, **({"llm.lr": cfg["llm.lr"] * scale} if scale != 1.0 else {})}
 
 
 def _loss_or_inf(loss: float | None) -> float:

@@ -1,15 +1,15 @@
 """Lethe (the paper's Algorithm 1: amplify -> rectify -> restore) as a Flower strategy.
 
-1. **Amplify** (``lethe-adapter-steps`` = S_φ > 0): a temporary adapter (``strategies.lethe.adapter``)
+1. **Amplify** (``lethe.adapter-steps`` = S_φ > 0): a temporary adapter (``strategies.lethe.adapter``)
    is attached between extractor and head; the clients holding forget data train only the adapter by
    gradient ascent on it for S_φ steps (eq. 6); the server averages the adapters by forget counts and
    freezes it. Uploaded once, broadcast once.
-2. **Rectify** (``lethe-rectify-rounds`` = T rounds, :mod:`strategies.lethe.rectify`): each round the
+2. **Rectify** (``lethe.rectify-rounds`` = T rounds, :mod:`strategies.lethe.rectify`): each round the
    composite model goes to the forget clients (forget stream, eq. 7) and to the retained clients (retain
-   stream, eq. 8, weighted by counts), both training only the backbone with ``lethe-lr`` for
-   ``lethe-epochs``; per named parameter tensor the server applies eq. 10 with γ = ``lethe-gamma`` and
+   stream, eq. 8, weighted by counts), both training only the backbone with ``lethe.lr`` for
+   ``lethe.epochs``; per named parameter tensor the server applies eq. 10 with γ = ``lethe.gamma`` and
    eq. 11.
-3. **Restore** (``lethe-restore-rounds`` = R): the adapter is dropped; R rounds of FedAvg on the
+3. **Restore** (``lethe.restore-rounds`` = R): the adapter is dropped; R rounds of FedAvg on the
    retained clients.
 
 The forget stream follows the paper per request: all the leaving client's data (client), its marked
@@ -107,7 +107,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         """Phase 1: the original model with a trained, frozen temporary adapter (or none)."""
         cfg = ctx.cfg
         base = ctx.original.arrays.to_torch_state_dict()
-        if cfg["lethe-adapter-steps"] == 0:
+        if cfg["lethe.adapter-steps"] == 0:
             return base, [], {"adapter": "none"}
         plugins = [{"kind": ADAPTER_KIND, "seed": cfg["seed"]}]
         model = ctx.model_factory(plugins)
@@ -115,7 +115,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         round_no = 1 + self.round_offset
         content = train_content(ArrayRecord(model.state_dict()), plugins, role="forget", round_no=round_no,
                                  objective="adapter-ascent", scope="plugins", **forget_data(cfg),
-                                 **{"max-steps": cfg["lethe-adapter-steps"], "lr": adapter_lr(cfg)})
+                                 **{"max-steps": cfg["lethe.adapter-steps"], "lr": adapter_lr(cfg)})
         replies = ctx.fed.broadcast(ctx.fed.nodes_with("n-forget"), "train", content, round_no=round_no,
                                     require_all=True)
         ctx.fed.cost(ctx.fed.phase).rounds += 1
@@ -160,8 +160,8 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         return result
 
     def attempt_with_retry(self, ctx: UnlearnContext, offset: int) -> UnlearnResult:
-        """:meth:`attempt` from round offset ``offset``; with ``guard-retry-walk-back`` above
-        ``guard-walk-back``, where the attempt did not carry the request out, one more attempt from the
+        """:meth:`attempt` from round offset ``offset``; with ``guard.retry-walk-back`` above
+        ``guard.walk-back``, where the attempt did not carry the request out, one more attempt from the
         original with the walk-back bound at that value, kept where it carries the request out or, failing
         that, where its kept model predicts less of the forget set as its label (``method.retry``). The
         walk-back undoes rectification steps whose backbone the retained clients rate worse than its bound;
@@ -169,23 +169,23 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         the retry loosens only that bound (restore's own bound stays)."""
         cfg = ctx.cfg
         first = self.attempt(ctx, offset=offset)
-        retry_rise = cfg["guard-retry-walk-back"]
-        if carried_out(first.details) is not False or retry_rise <= cfg["guard-walk-back"]:
+        retry_rise = cfg["guard.retry-walk-back"]
+        if carried_out(first.details) is not False or retry_rise <= cfg["guard.walk-back"]:
             return first
         log.warning("[lethe] the request was not carried out: one more attempt from the original with "
-                    "guard-walk-back %g (guard-retry-walk-back)", retry_rise)
-        looser = _with_setting(ctx, "guard-walk-back", retry_rise)
+                    "guard.walk-back %g (guard.retry-walk-back)", retry_rise)
+        looser = _with_setting(ctx, "guard.walk-back", retry_rise)
         retry = self.attempt(looser, offset=self.round_offset + pass_rounds(cfg))
-        return _keep_better(first, retry, "retry", {"backbone_rise": retry_rise}, f"guard-walk-back {retry_rise:g}")
+        return _keep_better(first, retry, "retry", {"backbone_rise": retry_rise}, f"guard.walk-back {retry_rise:g}")
 
     def attempt(self, ctx: UnlearnContext, offset: int) -> UnlearnResult:
-        """Amplify, rectify and restore (:meth:`one_pass`); then, with ``guard-verify-passes``, while the
+        """Amplify, rectify and restore (:meth:`one_pass`); then, with ``guard.verify-passes``, while the
         forget clients find the restored model still knows the forget set (:meth:`still_known`), at most
         that many more passes, each from the model the last one left.
 
         The kept model is the last pass's when its check passes, else the pass whose model predicts the
         least of the forget set as its label (ties: the earlier). A later pass whose restored model breaks
-        ``guard-retain-rise`` (:func:`strategies.lethe.restore.pass_utility`) is never
+        ``guard.retain-rise`` (:func:`strategies.lethe.restore.pass_utility`) is never
         kept and ends the passes. Where pass 1 breaks them, its model is reported with
         ``method.kept_pass`` 1, ``method.utility`` saying why, and the request as not carried out: a model
         that lost its utility is a failed request the operator must see. ``method.forget_checks`` holds
@@ -195,7 +195,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         self.round_offset = self.attempt_offset = offset
         arrays, details = self.one_pass(ctx)
         start_loss = details["rectify_guard"].get("start_retain_loss")  # the retained clients' loss of the original
-        retain_rise = cfg["guard-retain-rise"]
+        retain_rise = cfg["guard.retain-rise"]
         details["utility"] = pass_utility(details["rectify_guard"], start_loss, retain_rise)
         if details["utility"]["broken"]:
             log.warning("[lethe] pass 1's restored model broke utility (%s): the request is not carried out",
@@ -203,14 +203,14 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
             details["kept_pass"] = 1
             return UnlearnResult(ModelState(arrays), details)
         models, checks = [arrays], []
-        while cfg["guard-verify-passes"]:
+        while cfg["guard.verify-passes"]:
             # numbered after restore's last round and the reports on its model
-            check = self.still_known(ctx, arrays.to_torch_state_dict(), round_no=cfg["lethe-rectify-rounds"]
-                                     + cfg["lethe-restore-rounds"] + 2)
+            check = self.still_known(ctx, arrays.to_torch_state_dict(), round_no=cfg["lethe.rectify-rounds"]
+                                     + cfg["lethe.restore-rounds"] + 2)
             if check is None:
                 break
             checks.append(check)
-            if not check["known"] or len(models) > cfg["guard-verify-passes"]:
+            if not check["known"] or len(models) > cfg["guard.verify-passes"]:
                 break
             log.warning("[lethe] verify: the restored model still predicts %.3f of the forget set as its label "
                         "(at most %.3f allowed): pass %d from it", check["forget_acc"], check["bound"],
@@ -246,16 +246,16 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
         unchecked = guard.pop("unchecked", None)
         checkpoints = [without_adapter(c) for c in guard.pop("checkpoints", [])]
         base = without_adapter(state)
-        if ctx.cfg["guard-rectified-restore"]:
+        if ctx.cfg["guard.rectified-restore"]:
             fallback = without_adapter(unchecked[0]) if unchecked is not None else None
             start_loss = guard.get("start_retain_loss") if start_loss is None else start_loss
             arrays = ArrayRecord(self.restore_within_bound(ctx, base, fallback, guard, checkpoints, start_loss))
         else:  # the paper: R rounds of FedAvg on the retained clients
             arrays = ArrayRecord(base)
-            if ctx.cfg["lethe-restore-rounds"]:
+            if ctx.cfg["lethe.restore-rounds"]:
                 strategy = RoleFedAvg(ctx.fed, "retain", fraction_train=ctx.cfg["fraction-train"],
                                       seed=ctx.cfg["seed"] + 2 + self.round_offset)
-                arrays = run_rounds(ctx.fed, strategy, arrays, rounds=ctx.cfg["lethe-restore-rounds"],
+                arrays = run_rounds(ctx.fed, strategy, arrays, rounds=ctx.cfg["lethe.restore-rounds"],
                                     config=ConfigRecord({"epochs": ctx.cfg["local-epochs"], "lr": ctx.cfg["lr"]}),
                                     label="lethe restore", method="lethe")
         details["gamma_bounds"] = history
@@ -306,7 +306,7 @@ def forget_data(cfg) -> dict:
 def pass_rounds(cfg) -> int:
     """The round numbers one pass takes: its rectify and restore rounds and three more (amplify and the
     reports on its models), so that the next pass, or a retry, draws seeds of its own."""
-    return cfg["lethe-rectify-rounds"] + cfg["lethe-restore-rounds"] + 3
+    return cfg["lethe.rectify-rounds"] + cfg["lethe.restore-rounds"] + 3
 
 
 def known_share(details: dict) -> float:

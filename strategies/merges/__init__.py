@@ -9,8 +9,8 @@ from strategies.registry import MethodSpec
 from strategies.rmu.settings import KEYS as RMU_KEYS
 
 _PAPER = "FIRM paper, sec. 5 baselines (`docs/firm.md`)"
-_RELEASE = ("firm-forget-objective", "firm-fisher-batches", *RMU_KEYS)  # FIRM's client release, shared
-_COMMON = dict(paper=_PAPER, reads=_RELEASE, task_kinds=("llm",), scenarios=("client", "sample"), smoke={"firm-fisher-batches": 2})
+_RELEASE = ("firm.forget-objective", "firm.fisher-batches", *RMU_KEYS)  # FIRM's client release, shared
+_COMMON = dict(paper=_PAPER, reads=_RELEASE, task_kinds=("llm",), scenarios=("client", "sample"), smoke={"firm.fisher-batches": 2})
 
 METHODS = (
     MethodSpec("avg", "the uploads FIRM gets, merged by the mean of forget and retain task vectors",

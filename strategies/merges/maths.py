@@ -65,7 +65,7 @@ def sum_merge(task_vectors: Sequence[Mapping[str, torch.Tensor]], scale: float =
 
 def trim_top_k(tensor: torch.Tensor, density: float) -> torch.Tensor:
     """Keep entries whose magnitude is >= the ``max(1, floor(density*d))``-th largest (ties kept)."""
-    _check_fraction(density, "ties-density")
+    _check_fraction(density, "ties.density")
     flat = tensor.reshape(-1).to(torch.float32)
     keep = max(1, math.floor(density * flat.numel()))
     threshold = torch.kthvalue(flat.abs(), flat.numel() - keep + 1).values
@@ -86,7 +86,7 @@ def ties_merge(
 ) -> TensorDict:
     """TIES: trim to top-``density`` magnitude, elect sign by summed values, disjoint mean; times scale."""
     names = _check_inputs(task_vectors, scale)
-    _check_fraction(density, "ties-density")
+    _check_fraction(density, "ties.density")
     return {n: scale * _ties_tensor([tv[n] for tv in task_vectors], density) for n in names}
 
 
@@ -114,7 +114,7 @@ def cluster_by_similarity(task_vectors: Sequence[Mapping[str, torch.Tensor]], th
     Clusters are lists of indices, ordered by their smallest index.
     """
     if not (isinstance(threshold, (int, float)) and -1.0 <= threshold <= 1.0):
-        raise ValueError(f"fulm-threshold must be in [-1, 1], got {threshold!r}")
+        raise ValueError(f"fulm.threshold must be in [-1, 1], got {threshold!r}")
     sim = cosine_similarity_matrix(task_vectors)
     n = sim.shape[0]
     parent = list(range(n))
@@ -144,7 +144,7 @@ def fulm_merge(
 ) -> TensorDict:
     """FULM: similarity clusters, TIES inside each cluster, ``sum`` (or ``mean``) across; times scale."""
     names = _check_inputs(task_vectors, scale)
-    _check_fraction(density, "fulm-density")
+    _check_fraction(density, "fulm.density")
     if inter not in ("sum", "mean"):
         raise ValueError(f"fulm-inter must be 'sum' or 'mean', got {inter!r}")
     clusters = cluster_by_similarity(task_vectors, threshold)

@@ -1,9 +1,9 @@
 """The merge baselines AVG / SUM / TIES / FULM as methods of the app: FIRM's round, another merge.
 
 Each receives the very ``query.fisher`` uploads FIRM would (``strategies.firm.strategy.FisherMerge``:
-same clients, same release settings ``firm-forget-objective`` / ``firm-fisher-batches``), and merges
+same clients, same release settings ``firm.forget-objective`` / ``firm.fisher-batches``), and merges
 them with its own rule (``strategies.merges.merge``) at its ``<name>-scale``; TIES also takes
-``ties-density``, FULM ``fulm-threshold`` and ``fulm-density``.
+``ties.density``, FULM ``fulm.threshold`` and ``fulm.density``.
 """
 
 from __future__ import annotations
@@ -28,22 +28,22 @@ class MergeBaseline(FisherMerge):
 
 
 class AvgMerge(MergeBaseline):
-    name, scale_key = "avg", "avg-scale"
+    name, scale_key = "avg", "avg.scale"
 
 
 class SumMerge(MergeBaseline):
-    name, scale_key = "sum", "sum-scale"
+    name, scale_key = "sum", "sum.scale"
 
 
 class TiesMerge(MergeBaseline):
-    name, scale_key = "ties", "ties-scale"
+    name, scale_key = "ties", "ties.scale"
 
     def params(self, cfg) -> dict:
-        return {"density": cfg["ties-density"]}
+        return {"density": cfg["ties.density"]}
 
 
 class FulmMerge(MergeBaseline):
-    name, scale_key = "fulm", "fulm-scale"
+    name, scale_key = "fulm", "fulm.scale"
 
     def params(self, cfg) -> dict:
-        return {"threshold": cfg["fulm-threshold"], "density": cfg["fulm-density"]}
+        return {"threshold": cfg["fulm.threshold"], "density": cfg["fulm.density"]}

@@ -11,12 +11,12 @@ from strategies.registry import MethodSpec
 
 
 def check(cfg) -> None:
-    """``not-layers`` must name layers of this task's model (one-line error before any work)."""
+    """``not.layers`` must name layers of this task's model (one-line error before any work)."""
     from core.config import ConfigError
     from strategies.negation.maths import parameter_keys
 
     try:
-        parameter_keys(cfg.task.model_outline(cfg), cfg["not-layers"])
+        parameter_keys(cfg.task.model_outline(cfg), cfg["not.layers"])
     except ValueError as error:
         raise ConfigError(f"{error} (task '{cfg['task']}')") from None
 
@@ -24,14 +24,14 @@ def check(cfg) -> None:
 METHODS = (
     MethodSpec(
         "not",
-        "the server negates the parameters of the chosen layers (`not-layers`, default the first layer), then "
-        "FedAvg rounds on the retained data refine the model (`not-rounds`)",
+        "the server negates the parameters of the chosen layers (`not.layers`, default the first layer), then "
+        "FedAvg rounds on the retained data refine the model (`not.rounds`)",
         "strategies.negation.strategy:NoT",
         paper="NoT: Federated Unlearning via Weight Negation (Khalil et al.; `docs/not.md`)",
         settings=SETTINGS,
         task_kinds=("vision", "text"),
         scenarios=("client", "class", "sample"),
-        smoke={"not-rounds": 1},
+        smoke={"not.rounds": 1},
         check=check,
     ),
 )

@@ -27,7 +27,7 @@ def first_layer(model: nn.Module) -> str:
 
 
 def layer_names(model: nn.Module) -> list[str]:
-    """Names of the modules that own parameters themselves (what ``not-layers`` may list, besides
+    """Names of the modules that own parameters themselves (what ``not.layers`` may list, besides
     their containers)."""
     return [name for name, module in model.named_modules()
             if name and any(True for _ in module.parameters(recurse=False))]
@@ -38,14 +38,14 @@ def parameter_keys(model: nn.Module, spec: str) -> list[str]:
     module names, or ``first``), in model order; one-line ``ValueError`` for a name the model lacks."""
     names = [part.strip() for part in spec.split(",") if part.strip()]
     if not names:
-        raise ValueError("run-config 'not-layers' is empty: name at least one layer, or 'first'")
+        raise ValueError("run-config 'not.layers' is empty: name at least one layer, or 'first'")
     modules = dict(model.named_modules())
     chosen: set[str] = set()
     for name in names:
         name = first_layer(model) if name == FIRST else name
         if name not in modules or not any(True for _ in modules[name].parameters()):
             sample = ", ".join(layer_names(model)[:6])
-            raise ValueError(f"run-config 'not-layers' names {name!r}, which is not a layer with parameters of "
+            raise ValueError(f"run-config 'not.layers' names {name!r}, which is not a layer with parameters of "
                              f"this model: must be 'first' or module names such as {sample}")
         chosen.update(f"{name}.{key}" for key, _ in modules[name].named_parameters())
     return [key for key, _ in model.named_parameters() if key in chosen]

@@ -14,8 +14,8 @@ _COMMON = dict(paper="Lethe, sec. V baselines", task_kinds=("llm",), scenarios=(
 METHODS = (
     MethodSpec("ga", "each forget client trains the LoRA adapter once by gradient ascent, the server applies the "
                "mean update (one round)", "strategies.objectives.strategy:GradientAscent", **_COMMON),
-    MethodSpec("npo", "the same with Negative Preference Optimisation (`llm-npo-beta`)",
+    MethodSpec("npo", "the same with Negative Preference Optimisation (`npo.beta`)",
                "strategies.objectives.strategy:NPO", settings=NPO, **_COMMON),
-    MethodSpec("simnpo", "the same with SimNPO (`llm-simnpo-beta`, `llm-simnpo-gamma`)",
+    MethodSpec("simnpo", "the same with SimNPO (`simnpo.beta`, `simnpo.gamma`)",
                "strategies.objectives.strategy:SimNPO", settings=SIMNPO, **_COMMON),
 )

@@ -23,9 +23,9 @@ def ascent(model, tokenizer, records, *, cfg, conf, seed, epochs, lr) -> float:
 
 def npo(model, tokenizer, records, *, cfg, conf, seed, epochs, lr) -> float:
     return local_update(model, tokenizer, records, cfg=cfg, epochs=epochs, lr=lr, seed=seed,
-                        loss_fn=NPOLoss(beta=cfg["llm-npo-beta"]), prepare=_npo_reference)
+                        loss_fn=NPOLoss(beta=cfg["npo.beta"]), prepare=_npo_reference)
 
 
 def simnpo(model, tokenizer, records, *, cfg, conf, seed, epochs, lr) -> float:
     return local_update(model, tokenizer, records, cfg=cfg, epochs=epochs, lr=lr, seed=seed,
-                        loss_fn=SimNPOLoss(beta=cfg["llm-simnpo-beta"], gamma=cfg["llm-simnpo-gamma"]))
+                        loss_fn=SimNPOLoss(beta=cfg["simnpo.beta"], gamma=cfg["simnpo.gamma"]))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from core.config import Setting, at_least, positive, setting
 
 NPO: tuple[Setting, ...] = (
-    setting("llm-npo-beta", float, 0.1, "NPO beta", positive()),
+    setting("npo.beta", float, 0.1, "NPO beta", positive()),
 )
 SIMNPO: tuple[Setting, ...] = (
-    setting("llm-simnpo-beta", float, 2.5, "SimNPO beta", positive()),
-    setting("llm-simnpo-gamma", float, 0.0, "SimNPO reward margin gamma", at_least(0)),
+    setting("simnpo.beta", float, 2.5, "SimNPO beta", positive()),
+    setting("simnpo.gamma", float, 0.0, "SimNPO reward margin gamma", at_least(0)),
 )

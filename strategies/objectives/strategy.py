@@ -3,8 +3,8 @@
 Lethe compares against NPO and SimNPO this way: "each participating client locally applies the
 corresponding NPO or SimNPO objective and uploads the resulting LoRA update to the server once for
 aggregation", so they cost one round. Here the participating clients are those holding forget data
-(hello count ``n-forget``): each receives the original adapter, trains it for ``llm-unlearn-epochs``
-epochs at ``llm-unlearn-lr`` on its forget records with the objective (``ascent`` for GA, ``npo``,
+(hello count ``n-forget``): each receives the original adapter, trains it for ``llm.unlearn-epochs``
+epochs at ``llm.unlearn-lr`` on its forget records with the objective (``ascent`` for GA, ``npo``,
 ``simnpo``; ``strategies.objectives.losses``), and uploads it. The server applies the forget-count-weighted
 mean update to the original adapter:
 
@@ -33,14 +33,14 @@ class ObjectiveUnlearning(UnlearningMethod):
         start = ctx.original.arrays.to_torch_state_dict()
         nodes = fed.nodes_with("n-forget")
         config = ConfigRecord({"role": "forget", "objective": self.objective, "server-round": 1,
-                               "llm-epochs": cfg["llm-unlearn-epochs"], "llm-lr": cfg["llm-unlearn-lr"]})
+                               "llm-epochs": cfg["llm.unlearn-epochs"], "llm.lr": cfg["llm.unlearn-lr"]})
         replies = fed.broadcast(nodes, "train", RecordDict({"arrays": ctx.original.arrays, "config": config}),
                                 round_no=1, require_all=True)
         fed.cost(fed.phase).rounds += 1
         arrays = ArrayRecord(apply_update(start, mean_update([r.content for r in replies], start, start)))
         details = {"objective": self.objective, "forget_clients": [fed.client_id(n) for n in nodes],
                    "final_loss": [float(r.content["metrics"]["loss"]) for r in replies],
-                   "epochs": cfg["llm-unlearn-epochs"], "lr": cfg["llm-unlearn-lr"]}
+                   "epochs": cfg["llm.unlearn-epochs"], "lr": cfg["llm.unlearn-lr"]}
         return UnlearnResult(ModelState(arrays), details)
 
 

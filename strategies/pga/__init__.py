@@ -14,13 +14,13 @@ METHODS = (
         "pga",
         "the leaving client (class/sample: each holder, on its forget data) runs projected gradient ascent inside "
         "an L2 ball around the other clients' model, recovered from its kept last-round local model; then FedAvg "
-        "rounds on retained data (`pga-post-rounds`)",
+        "rounds on retained data (`pga.post-rounds`)",
         "strategies.pga.strategy:PGA",
         paper="Federated Unlearning: How to Efficiently Erase a Client in FL? (Halimi et al.; `docs/pga.md`)",
         settings=SETTINGS,
         task_kinds=("vision", "text"),
         needs=("last-local-model",),
         queries={"pga": "strategies.pga.client:pga_query"},
-        smoke={"pga-epochs": 1, "pga-post-rounds": 1, "pga-random-models": 2},
+        smoke={"pga.epochs": 1, "pga.post-rounds": 1, "pga.random-models": 2},
     ),
 )

@@ -3,11 +3,11 @@
 In one message the leaving client (1) trains its own model ``w_i`` from the received global model
 as in a FedAvg round (its pretraining data and epochs), (2) forms the reference model of the others
 ``w_ref = (w - p w_i) / (1 - p)`` (``p``: its FedAvg weight, sent by the server), (3) sets the
-ball radius from the mean squared distance of ``w_ref`` to ``pga-random-models`` fresh models
-(times ``pga-radius-fraction``, the notebook's 1/3), and (4) runs SGD (momentum 0.9) on the
+ball radius from the mean squared distance of ``w_ref`` to ``pga.random-models`` fresh models
+(times ``pga.radius-fraction``, the notebook's 1/3), and (4) runs SGD (momentum 0.9) on the
 negated cross-entropy of its forget data from ``w_ref``: each step's gradient clipped to
-``pga-clip``, the weights projected back into the ball, and the ascent stopped once the squared
-distance from ``w_i`` exceeds ``pga-stop-factor`` x that of ``w_ref`` (at most ``pga-epochs`` epochs).
+``pga.clip``, the weights projected back into the ball, and the ascent stopped once the squared
+distance from ``w_i`` exceeds ``pga.stop-factor`` x that of ``w_ref`` (at most ``pga.epochs`` epochs).
 
 The client's own model ``w_i`` is its local model of the last pretraining round, as the notebook
 keeps it: pretraining asks every client to keep that model on its own disk (PGA ``needs``
@@ -22,7 +22,7 @@ The notebook stops the ascent at an absolute squared distance of 2.2 from ``w_i`
 network). That number belongs to its network and data: on digits with LeNet-5 the reference model
 itself already lies at a squared distance of tens from ``w_i``, so that rule would end the ascent
 after one step. The threshold is therefore relative to where the ascent starts:
-``pga-stop-factor`` x ``||w_ref - w_i||^2``.
+``pga.stop-factor`` x ``||w_ref - w_i||^2``.
 """
 
 from __future__ import annotations
@@ -63,25 +63,25 @@ def pga_query(task, cfg, data, model, conf: dict, seed: int) -> dict:
     own_params = _own_model(task, cfg, data, model, conf.get("kept-local-model"), seed, device)
     own_kept = conf.get("kept-local-model") is not None
     reference = reference_model(global_params, own_params, float(conf["weight"]))
-    fresh = [_params(task.server_model(cfg, [], seed=seed + k)) for k in range(cfg["pga-random-models"])]
-    radius_sq = cfg["pga-radius-fraction"] * sum(squared_distance(reference, f) for f in fresh) / len(fresh)
+    fresh = [_params(task.server_model(cfg, [], seed=seed + k)) for k in range(cfg["pga.random-models"])]
+    radius_sq = cfg["pga.radius-fraction"] * sum(squared_distance(reference, f) for f in fresh) / len(fresh)
 
     _load_params(model, reference)
     model.to(device).train()
-    optimizer = MomentumSGD(model.parameters(), lr=cfg["pga-lr"], momentum=0.9)
+    optimizer = MomentumSGD(model.parameters(), lr=cfg["pga.lr"], momentum=0.9)
     x, y = data.split("forget")
     generator = torch.Generator().manual_seed(seed)
     start_own = squared_distance(reference, own_params)
     steps, stopped, distance_own = 0, False, start_own
-    for _ in range(cfg["pga-epochs"]):
+    for _ in range(cfg["pga.epochs"]):
         order = torch.randperm(len(y), generator=generator)
-        for start in range(0, len(y), cfg["pga-batch-size"]):
-            idx = order[start:start + cfg["pga-batch-size"]]
+        for start in range(0, len(y), cfg["pga.batch-size"]):
+            idx = order[start:start + cfg["pga.batch-size"]]
             loss = -F.cross_entropy(model(x[idx].to(device)), y[idx].to(device))
             optimizer.zero_grad()
             loss.backward()
-            if cfg["pga-clip"] > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["pga-clip"])
+            if cfg["pga.clip"] > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["pga.clip"])
             optimizer.step()
             steps += 1
             current = {k: v.to("cpu") for k, v in _params(model).items()}
@@ -89,7 +89,7 @@ def pga_query(task, cfg, data, model, conf: dict, seed: int) -> dict:
             if projected is not current:
                 _load_params(model, projected)
             distance_own = squared_distance(projected, own_params)
-            if distance_own > cfg["pga-stop-factor"] * start_own:
+            if distance_own > cfg["pga.stop-factor"] * start_own:
                 stopped = True
                 break
         if stopped:

@@ -7,10 +7,10 @@
    projected gradient ascent on its forget data (``strategies.pga.client``). Several replies are
    averaged weighted by their forget-set sizes (a choice: the paper erases one client; weighting
    by forget data lets a holder of more forgotten samples move the model more).
-2. The server continues FedAvg on the retained clients for ``pga-post-rounds`` rounds from that
+2. The server continues FedAvg on the retained clients for ``pga.post-rounds`` rounds from that
    model (the paper: "we continue the FL process for a few rounds without the participation of the
    target client"; the notebook runs 10 rounds of at most 50 local steps, here the run's local
-   settings for ``pga-post-rounds`` = 3 by default — the app's continued-training phase measures any
+   settings for ``pga.post-rounds`` = 3 by default — the app's continued-training phase measures any
    later rounds separately).
 
 Not reversible. A holder that does not reply ends the phase (``RoundFailed``).
@@ -45,9 +45,9 @@ class PGA(UnlearningMethod):
         arrays = ArrayRecord(weighted_average([r.content["arrays"].to_torch_state_dict() for r in replies],
                                               [a["num-examples"] for a in ascents.values()]))
         strategy = RoleFedAvg(fed, "retain", fraction_train=cfg["fraction-train"], seed=cfg["seed"] + 3)
-        arrays = run_rounds(fed, strategy, arrays, rounds=cfg["pga-post-rounds"],
+        arrays = run_rounds(fed, strategy, arrays, rounds=cfg["pga.post-rounds"],
                             config=ConfigRecord({"epochs": cfg["local-epochs"], "lr": cfg["lr"]}),
                             label="pga post-training", method=self.name)
         details = {"ascending_clients": sorted(ascents), "weights": {fed.client_id(n): w for n, w in weights.items()},
-                   "ascent": ascents, "post_rounds": cfg["pga-post-rounds"]}
+                   "ascent": ascents, "post_rounds": cfg["pga.post-rounds"]}
         return UnlearnResult(ModelState(arrays), details)

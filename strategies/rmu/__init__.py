@@ -13,7 +13,7 @@ from strategies.rmu.settings import SETTINGS, UPDATED_MODULE
 
 
 def check(cfg) -> None:
-    """RMU trains ``down_proj`` adapters, and an explicit ``rmu-layer`` must exist (one line, before any work)."""
+    """RMU trains ``down_proj`` adapters, and an explicit ``rmu.layer`` must exist (one line, before any work)."""
     import json
     import os
 
@@ -22,19 +22,19 @@ def check(cfg) -> None:
     from tasks.llm.model import TINY_LAYERS, TINY_MODEL
 
     if UPDATED_MODULE not in target_modules(cfg):
-        raise ConfigError(f"run-config 'llm-target-modules'={cfg['llm-target-modules']!r}: method 'rmu' trains the "
+        raise ConfigError(f"run-config 'llm.target-modules'={cfg['llm.target-modules']!r}: method 'rmu' trains the "
                           f"LoRA of {UPDATED_MODULE}: must include {UPDATED_MODULE}")
-    if cfg["rmu-layer"] < 0:
+    if cfg["rmu.layer"] < 0:
         return
     layers = TINY_LAYERS
-    if cfg["llm-model"] != TINY_MODEL:
-        path = os.path.join(os.path.expanduser(cfg["llm-model"]), "config.json")
+    if cfg["llm.model"] != TINY_MODEL:
+        path = os.path.join(os.path.expanduser(cfg["llm.model"]), "config.json")
         if not os.path.isfile(path):
             return  # the model's own loading error names the folder
         with open(path, encoding="utf-8") as handle:
-            layers = int(json.load(handle).get("num_hidden_layers", cfg["rmu-layer"] + 1))
-    if cfg["rmu-layer"] >= layers:
-        raise ConfigError(f"run-config 'rmu-layer'={cfg['rmu-layer']}: model {cfg['llm-model']!r} has {layers} "
+            layers = int(json.load(handle).get("num_hidden_layers", cfg["rmu.layer"] + 1))
+    if cfg["rmu.layer"] >= layers:
+        raise ConfigError(f"run-config 'rmu.layer'={cfg['rmu.layer']}: model {cfg['llm.model']!r} has {layers} "
                           f"decoder layers: must be -1 or in 0..{layers - 1}")
 
 
@@ -42,7 +42,7 @@ METHODS = (
     MethodSpec(
         "rmu",
         "each forget client steers decoder layer l's output on its forget data to c u (u a seeded random unit "
-        "vector) and keeps it on its retained data (`rmu-alpha`), training the down_proj LoRA of the layers up to "
+        "vector) and keeps it on its retained data (`rmu.alpha`), training the down_proj LoRA of the layers up to "
         "l; the server applies the mean update (one round)",
         "strategies.rmu.strategy:RMU",
         paper="The WMDP Benchmark: Measuring and Reducing Malicious Use With Unlearning (Li et al., 2024; "

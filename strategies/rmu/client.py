@@ -12,9 +12,9 @@ from tasks.llm.train import qa_batches
 
 
 def rmu(model, tokenizer, records, *, cfg, conf, seed, epochs, lr, data) -> float:
-    forget = qa_batches(records, tokenizer, cfg["llm-batch-size"], seed)
+    forget = qa_batches(records, tokenizer, cfg["llm.batch-size"], seed)
     kept = data.split("retain")
-    retain = qa_batches(kept, tokenizer, cfg["llm-batch-size"], seed) if kept else []
+    retain = qa_batches(kept, tokenizer, cfg["llm.batch-size"], seed) if kept else []
     history = rmu_update(model, forget, retain, model_plan(cfg, model), epochs=epochs, lr=lr, seed=seed)
     return history[-1] if history else float("nan")
 

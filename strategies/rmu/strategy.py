@@ -2,7 +2,7 @@
 
 One round, like the other one-round LLM objectives: every client holding forget data (hello count
 ``n-forget``) receives the original adapter, trains it with RMU (``strategies.rmu.client``) for
-``llm-unlearn-epochs`` epochs at ``llm-unlearn-lr`` and uploads it; the server applies the
+``llm.unlearn-epochs`` epochs at ``llm.unlearn-lr`` and uploads it; the server applies the
 forget-count-weighted mean update to the original adapter. Retained clients take no part; nothing
 is reversible. ``method.retain_term`` in results.json names the forget clients that had retained
 records for the retain term.

@@ -6,7 +6,7 @@ the same shape `tasks.llm.synthetic` generates, so metrics and training treat bo
 
     {author, question, answer, paraphrased_answer, perturbed_answer: list[str], key_fact}
 
-TOFU layout (``locuslab/TOFU`` on the hub, saved into a local ``llm-data-dir``): a split ``NAME`` is
+TOFU layout (``locuslab/TOFU`` on the hub, saved into a local ``llm.data-dir``): a split ``NAME`` is
 ``NAME.json``, ``NAME.jsonl``, ``NAME.parquet`` or ``NAME/*.parquet`` (the hub's Parquet export).
 Accepted names are `TOFU_SPLITS`. Plain splits need ``question, answer``; ``*_perturbed`` splits
 also need ``paraphrased_answer`` and ``perturbed_answer`` (a list), except ``real_authors_perturbed``

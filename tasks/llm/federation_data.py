@@ -10,7 +10,7 @@ Author partition (deterministic from ``seed``; the papers do not say how TOFU is
 * ``scenario=client``: the authors are shuffled with ``random.Random(seed)`` and dealt into
   contiguous near-equal chunks (the first ``A mod n`` chunks hold one author more); chunk ``j``
   goes to client ``j``. The forget client's authors are all forgotten.
-* ``scenario=sample``: the forget set is the last ``k = max(1, round(llm-forget-fraction * A))``
+* ``scenario=sample``: the forget set is the last ``k = max(1, round(llm.forget-fraction * A))``
   authors in data order (on TOFU files that is exactly TOFU's ``forgetNN`` split, e.g. the last 20
   of 200 authors for 0.1; synthetic authors are random anyway). The sequence *forget authors, then
   the other authors shuffled* is dealt into the same near-equal chunks, chunk ``j`` going to client
@@ -22,16 +22,16 @@ authors (ties: lowest id), as for the vision tasks' "largest client".
 
 Evaluation uses the records that carry perturbed answers (truth ratios need them): every synthetic
 record; on TOFU, the rows of ``full`` whose question appears in one of the ``*_perturbed`` splits
-found in ``llm-data-dir`` (TOFU ships perturbed answers for its forget splits and for 400 retain
+found in ``llm.data-dir`` (TOFU ships perturbed answers for its forget splits and for 400 retain
 questions only).
 
 Public evaluation sets (`load_public_sets`), which no client trains on; record ``i`` of each is
 scored by client ``i mod n``, so the pooled figures cover each record once:
 
 * ``holdout``: the non-members of the min-k% MIA. On TOFU files, the split ``holdoutNN`` with
-  ``NN = 100 * llm-forget-fraction`` when present (open-unlearning pairs ``forget10`` with
+  ``NN = 100 * llm.forget-fraction`` when present (open-unlearning pairs ``forget10`` with
   ``holdout10``), else the largest ``holdoutNN`` present, else none. Synthetic: as many further
-  invented authors as the sample scenario forgets, ``max(1, round(llm-forget-fraction * A))``
+  invented authors as the sample scenario forgets, ``max(1, round(llm.forget-fraction * A))``
   (``synthetic.holdout_authors``, drawn apart from the training authors).
 * ``real-authors`` / ``world-facts`` (TOFU files only): ``real_authors_perturbed`` and
   ``world_facts_perturbed`` when present, for TOFU's nine-value model utility.
@@ -108,10 +108,10 @@ def join_perturbed(data_dir: str, records: list[dict]) -> list[dict]:
 
 
 def load_author_records(cfg) -> list[dict]:
-    """All QA records of the task: synthetic authors (offline default) or TOFU files in ``llm-data-dir``."""
-    if cfg["llm-data-dir"]:
-        return _tofu_records(cfg["llm-data-dir"])
-    return synthetic.fictitious_authors(cfg["llm-num-authors"], cfg["llm-qa-per-author"], seed=cfg["seed"])
+    """All QA records of the task: synthetic authors (offline default) or TOFU files in ``llm.data-dir``."""
+    if cfg["llm.data-dir"]:
+        return _tofu_records(cfg["llm.data-dir"])
+    return synthetic.fictitious_authors(cfg["llm.num-authors"], cfg["llm.qa-per-author"], seed=cfg["seed"])
 
 
 HOLDOUT_SPLITS = ("holdout10", "holdout05", "holdout01")
@@ -120,12 +120,12 @@ HOLDOUT_SPLITS = ("holdout10", "holdout05", "holdout01")
 def load_public_sets(cfg, records: list[dict]) -> dict[str, list[dict]]:
     """The public evaluation sets of the run (module docstring), whole; ``records`` are the training
     records (their authors are kept out of the synthetic holdout)."""
-    data_dir = cfg["llm-data-dir"]
+    data_dir = cfg["llm.data-dir"]
     if not data_dir:
-        count = max(1, round(cfg["llm-forget-fraction"] * cfg["llm-num-authors"]))
-        return {"holdout": synthetic.holdout_authors(count, cfg["llm-qa-per-author"],
+        count = max(1, round(cfg["llm.forget-fraction"] * cfg["llm.num-authors"]))
+        return {"holdout": synthetic.holdout_authors(count, cfg["llm.qa-per-author"],
                                                      exclude=authors_in_order(records), seed=cfg["seed"])}
-    return tofu_public_sets(data_dir, cfg["llm-forget-fraction"])
+    return tofu_public_sets(data_dir, cfg["llm.forget-fraction"])
 
 
 def tofu_public_sets(data_dir: str, forget_fraction: float) -> dict[str, list[dict]]:
@@ -155,11 +155,11 @@ def author_partition(cfg, authors: list[str], num_clients: int) -> tuple[list[li
     """(authors of each client, forgotten authors) per the module docstring."""
     if len(authors) < num_clients:
         raise ValueError(f"the data has {len(authors)} authors but the federation {num_clients} clients: "
-                         "raise llm-num-authors (every client needs at least one author)")
+                         "raise llm.num-authors (every client needs at least one author)")
     fc = forget_client_of(cfg)
     rng = random.Random(cfg["seed"])
     if cfg["scenario"] == "sample":
-        k = max(1, round(cfg["llm-forget-fraction"] * len(authors)))
+        k = max(1, round(cfg["llm.forget-fraction"] * len(authors)))
         forgotten = authors[len(authors) - k:]
         rest = authors[: len(authors) - k]
         rng.shuffle(rest)

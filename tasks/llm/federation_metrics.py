@@ -8,7 +8,7 @@ equally, whichever client holds it.
 
 Two protocols (`protocol_of`), reported as ``llm_protocol`` in every entry:
 
-* ``"tofu"`` (``llm-data-dir`` set, or a node reading its own TOFU files from ``data-path``:
+* ``"tofu"`` (``llm.data-dir`` set, or a node reading its own TOFU files from ``data-path``:
   ``tasks.llm.node_data``), TOFU's own evaluation (``aggregate_eval_stat.py`` of
   locuslab/tofu; open-unlearning's TOFU metrics): the truth-ratio reference ``y`` is the
   *paraphrased* answer on the forget and retain sets and the original answer on real authors / world
@@ -19,7 +19,7 @@ Two protocols (`protocol_of`), reported as ``llm_protocol`` in every entry:
   16 new tokens (the answers are 1-7 words); the tiny model has no general knowledge, so no public
   sets are scored and ``model_utility`` is ``null``.
 
-``llm-max-new-tokens`` = 0 picks the protocol's generation length (`max_new_tokens_of`).
+``llm.max-new-tokens`` = 0 picks the protocol's generation length (`max_new_tokens_of`).
 
 Sums per set (``forget``, ``retain``, ``real-authors``, ``world-facts``): ``{set}-n``, ``{set}-rouge``
 (sum of ROUGE-L recall of the greedy answer against the answer), ``{set}-prob`` (sum of
@@ -62,20 +62,20 @@ from tasks.llm.metrics import (answer_log_probs, answer_token_log_probs, fact_hi
                                relative_probabilities, rouge_l_recall, truth_ratios_from_log_probs)
 
 MAX_NEW_TOKENS = {"synthetic": 16, "tofu": 200}
-"""Greedy generation length per protocol when ``llm-max-new-tokens`` is 0 (module docstring)."""
+"""Greedy generation length per protocol when ``llm.max-new-tokens`` is 0 (module docstring)."""
 OWN_SETS = ("forget", "retain")
 PUBLIC_SETS = ("real-authors", "world-facts")
 """TOFU's retain-side general-knowledge sets, scored in the tofu protocol when their files exist."""
 
 
 def protocol_of(cfg) -> str:
-    """``"tofu"`` on TOFU files (``llm-data-dir`` set), else ``"synthetic"``."""
-    return "tofu" if cfg["llm-data-dir"] else "synthetic"
+    """``"tofu"`` on TOFU files (``llm.data-dir`` set), else ``"synthetic"``."""
+    return "tofu" if cfg["llm.data-dir"] else "synthetic"
 
 
 def max_new_tokens_of(cfg, protocol: str = "") -> int:
-    """``llm-max-new-tokens``, or the protocol's (by default the run's) generation length when it is 0."""
-    return cfg["llm-max-new-tokens"] or MAX_NEW_TOKENS[protocol or protocol_of(cfg)]
+    """``llm.max-new-tokens``, or the protocol's (by default the run's) generation length when it is 0."""
+    return cfg["llm.max-new-tokens"] or MAX_NEW_TOKENS[protocol or protocol_of(cfg)]
 
 
 @dataclass
@@ -170,7 +170,7 @@ def _own_set_sums(model, tokenizer, records: list[dict], name: str, *, reference
 def client_llm_metrics(model, tokenizer, data, *, cfg) -> dict:
     """One client's sums and counts (module docstring), ready for a Flower MetricRecord."""
     protocol = getattr(data, "protocol", "") or protocol_of(cfg)
-    max_new_tokens, batch_size = max_new_tokens_of(cfg, protocol), cfg["llm-eval-batch-size"]
+    max_new_tokens, batch_size = max_new_tokens_of(cfg, protocol), cfg["llm.eval-batch-size"]
     reference = "paraphrased_answer" if protocol == "tofu" else "answer"
     out: dict = {"tofu-protocol": int(protocol == "tofu"), "max-new-tokens": max_new_tokens}
     for name in OWN_SETS:

@@ -23,8 +23,8 @@ from tasks.llm.train import ce, finetune, qa_batches
 
 
 def target_modules(cfg) -> tuple[str, ...]:
-    """``llm-target-modules`` as a tuple of module names."""
-    return tuple(name.strip() for name in cfg["llm-target-modules"].split(",") if name.strip())
+    """``llm.target-modules`` as a tuple of module names."""
+    return tuple(name.strip() for name in cfg["llm.target-modules"].split(",") if name.strip())
 
 
 @lru_cache(maxsize=2)
@@ -39,18 +39,18 @@ def _built(model: str, rank: int, alpha: float, targets: tuple[str, ...], load_i
 
 
 def base_model(cfg) -> str:
-    """The run's base model: ``llm-model``, or a merged model given as ``original-model``
+    """The run's base model: ``llm.model``, or a merged model given as ``original-model``
     (``tasks.llm.given_model``)."""
     from tasks.llm.given_model import given_base
 
-    return given_base(cfg) or cfg["llm-model"]
+    return given_base(cfg) or cfg["llm.model"]
 
 
 def task_llm(cfg, device: torch.device | None = None):
     """(peft model, tokenizer, initial adapter state) of the run, built once per process."""
     device = device or torch.device("cpu")
-    return _built(base_model(cfg), cfg["llm-lora-rank"], cfg["llm-lora-alpha"], target_modules(cfg),
-                  cfg["llm-load-in-4bit"], cfg["seed"], str(device))
+    return _built(base_model(cfg), cfg["llm.lora-rank"], cfg["llm.lora-alpha"], target_modules(cfg),
+                  cfg["llm.load-in-4bit"], cfg["seed"], str(device))
 
 
 def full_precision_twin(cfg, model, device: torch.device | None = None):
@@ -58,7 +58,7 @@ def full_precision_twin(cfg, model, device: torch.device | None = None):
     4-bit client takes a Fisher on full-precision weights (a separately loaded bf16/fp32 copy).
     Built once per process like ``task_llm``; the adapter is reloaded on every call."""
     device = device or torch.device("cpu")
-    twin = _built(base_model(cfg), cfg["llm-lora-rank"], cfg["llm-lora-alpha"], target_modules(cfg), False,
+    twin = _built(base_model(cfg), cfg["llm.lora-rank"], cfg["llm.lora-alpha"], target_modules(cfg), False,
                   cfg["seed"], str(device))[0]
     load_adapter_state(twin, adapter_state(model))
     return twin
@@ -88,7 +88,7 @@ def local_update(model, tokenizer, records: list[dict], *, cfg, epochs: int, lr:
     cross-entropy ``tasks.llm.train.ce``); the mean loss of the last epoch. ``prepare(model, batches)``
     may return the batches with what the loss needs precomputed (a reference model's log-probs)."""
     loss_fn = loss_fn or ce
-    batches = qa_batches(records, tokenizer, cfg["llm-batch-size"], seed)
+    batches = qa_batches(records, tokenizer, cfg["llm.batch-size"], seed)
     if prepare is not None:
         batches = prepare(model, batches)
     history = finetune(model, batches, epochs, lr, seed, loss_fn=lambda m, b: loss_fn(m, b))

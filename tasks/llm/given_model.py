@@ -1,13 +1,13 @@
 """The LLM task's ``original-model``: a PEFT adapter folder or a merged Hugging Face model folder.
 
 * **Adapter folder** (``adapter_config.json`` + ``adapter_model.safetensors``, what PEFT's
-  ``save_pretrained`` writes): a LoRA adapter trained on the run's base model (``llm-model``). Its
-  rank, alpha and target modules must be the run's (``llm-lora-rank``, ``llm-lora-alpha``,
-  ``llm-target-modules``) and its tensors the run's adapter keys and shapes; the original is that
+  ``save_pretrained`` writes): a LoRA adapter trained on the run's base model (``llm.model``). Its
+  rank, alpha and target modules must be the run's (``llm.lora-rank``, ``llm.lora-alpha``,
+  ``llm.target-modules``) and its tensors the run's adapter keys and shapes; the original is that
   adapter, and the retrain oracle starts, as always, from a fresh adapter on the same base.
 * **Merged model folder** (``config.json`` + weights, what ``merge_and_unload().save_pretrained``
   writes): the whole trained model. It becomes the run's base model on every node (in place of
-  ``llm-model``; a SuperNode reads it at the same path) and the original is that base with a fresh
+  ``llm.model``; a SuperNode reads it at the same path) and the original is that base with a fresh
   adapter (LoRA ``B = 0``: exactly the merged model's outputs). Its weights hold the knowledge to
   forget, so no retrain oracle can start from them: such a run needs ``retrain-oracle=false``.
 
@@ -63,7 +63,7 @@ def folder_sha256(path: str) -> str:
 
 
 def given_base(cfg) -> str | None:
-    """The merged model folder that replaces ``llm-model`` as the run's base, or None."""
+    """The merged model folder that replaces ``llm.model`` as the run's base, or None."""
     path = cfg["original-model"]
     if not path:
         return None
@@ -77,13 +77,13 @@ def check_adapter_config(cfg, path: str) -> None:
 
     with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as handle:
         config = json.load(handle)
-    theirs = {"llm-lora-rank": config.get("r"), "llm-lora-alpha": config.get("lora_alpha"),
-              "llm-target-modules": sorted(config.get("target_modules") or [])}
-    ours = {"llm-lora-rank": cfg["llm-lora-rank"], "llm-lora-alpha": cfg["llm-lora-alpha"],
-            "llm-target-modules": sorted(target_modules(cfg))}
+    theirs = {"llm.lora-rank": config.get("r"), "llm.lora-alpha": config.get("lora_alpha"),
+              "llm.target-modules": sorted(config.get("target_modules") or [])}
+    ours = {"llm.lora-rank": cfg["llm.lora-rank"], "llm.lora-alpha": cfg["llm.lora-alpha"],
+            "llm.target-modules": sorted(target_modules(cfg))}
     for key, value in ours.items():
         given = theirs[key]
-        if (float(given) != float(value)) if key != "llm-target-modules" and given is not None else given != value:
+        if (float(given) != float(value)) if key != "llm.target-modules" and given is not None else given != value:
             raise ValueError(f"is an adapter with {key.removeprefix('llm-')} {given!r}, the run's {key} is {value!r}")
 
 

@@ -68,7 +68,7 @@ def _load_base(model_name_or_path: str, tokenizer, load_in_4bit: bool, seed: int
                     folder, quantization_config=_quantisation_config(), device_map={"": 0})
         return model, tokenizer
     if not os.path.isfile(os.path.join(model_name_or_path, "config.json")):
-        raise ValueError(f"llm-model {model_name_or_path!r} is neither 'tiny' nor a local model "
+        raise ValueError(f"llm.model {model_name_or_path!r} is neither 'tiny' nor a local model "
                          "directory with a config.json (models are never downloaded)")
     try:
         if tokenizer is None:
@@ -77,7 +77,7 @@ def _load_base(model_name_or_path: str, tokenizer, load_in_4bit: bool, seed: int
         model = AutoModelForCausalLM.from_pretrained(model_name_or_path, local_files_only=True, **extra)
     except (OSError, ValueError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"llm-model {model_name_or_path!r} could not be loaded locally: {first_line}") from None
+        raise ValueError(f"llm.model {model_name_or_path!r} could not be loaded locally: {first_line}") from None
     if tokenizer.pad_token is None:  # many causal LMs ship without one; padding is masked anyway
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
@@ -99,18 +99,18 @@ def build_llm(model_name_or_path: str = TINY_MODEL, *, lora_rank: int = 16, lora
     Kaiming init), ``B`` at zero, so a new adapter does not change the base model's outputs.
     """
     if lora_rank <= 0:
-        raise ValueError(f"llm-lora-rank must be a positive integer, got {lora_rank}")
+        raise ValueError(f"llm.lora-rank must be a positive integer, got {lora_rank}")
     if not 0.0 <= lora_dropout < 1.0:
         raise ValueError(f"llm-lora-dropout must be in [0, 1), got {lora_dropout}")
     if not target_modules:
-        raise ValueError("llm-target-modules must name at least one module")
+        raise ValueError("llm.target-modules must name at least one module")
     if load_in_4bit and not torch.cuda.is_available():
-        raise ValueError("llm-load-in-4bit needs a CUDA GPU (bitsandbytes NF4); none is available here")
+        raise ValueError("llm.load-in-4bit needs a CUDA GPU (bitsandbytes NF4); none is available here")
     base, tokenizer = _load_base(model_name_or_path, tokenizer, load_in_4bit, seed)
     available = _linear_module_names(base)
     missing = [name for name in target_modules if name not in available]
     if missing:
-        raise ValueError(f"llm-target-modules {missing} not in the model; linear modules are {available}")
+        raise ValueError(f"llm.target-modules {missing} not in the model; linear modules are {available}")
     config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
                         target_modules=list(target_modules), task_type="CAUSAL_LM")
     with torch.random.fork_rng(devices=[]):

@@ -17,7 +17,7 @@ The folder ``data-path`` is laid out like TOFU itself (``locuslab/TOFU``; the sp
   TOFU pool (``tasks.llm.federation_data``).
 * ``real_authors_perturbed``, ``world_facts_perturbed``, ``holdout01`` / ``holdout05`` /
   ``holdout10`` (optional): the public evaluation sets, chosen as for the shared pool (the holdout
-  matching ``llm-forget-fraction``, else the largest present); a node scores all of its own.
+  matching ``llm.forget-fraction``, else the largest present); a node scores all of its own.
   Without them the node falls back to no such set: ``model_utility`` is ``null`` unless some
   node scores both real authors and world facts, ``mia_min_k`` / ``privleak`` are ``null``
   unless some node holds a holdout.
@@ -26,13 +26,13 @@ The node's records replace its share of the shared pool, and the request is appl
 (``forget-client`` names the leaving node by its ``partition-id``; ``-1``, the largest client,
 needs the shared pool and is refused):
 
-* ``scenario=sample``: the leaving node forgets the last ``max(1, round(llm-forget-fraction * A))``
+* ``scenario=sample``: the leaving node forgets the last ``max(1, round(llm.forget-fraction * A))``
   of its ``A`` authors in file order — TOFU's ``forgetNN`` rule (``forget10`` is the last 10 % of
   ``full``), so put the authors to forget last; the other nodes forget nothing;
 * ``scenario=client``: the leaving node forgets all its records.
 
 Evaluation follows TOFU's protocol on these files (``tasks.llm.federation_metrics``: the
-paraphrased answer as truth-ratio reference, 200 new tokens unless ``llm-max-new-tokens`` is set).
+paraphrased answer as truth-ratio reference, 200 new tokens unless ``llm.max-new-tokens`` is set).
 No view is cached on disk: every ClientApp process reads the files again (JSON of a few thousand
 QA pairs reads in well under a second); the node reports a content id of its records in hello
 (``client_app.app``), which the server's model cache key holds, so other files are another model.
@@ -104,7 +104,7 @@ def load_node_records(data_path: str) -> list[dict]:
 def load_node_public_sets(cfg, data_path: str) -> dict[str, list[dict]]:
     """The node's own public evaluation sets (module docstring), whole."""
     try:
-        return tofu_public_sets(data_path, cfg["llm-forget-fraction"])
+        return tofu_public_sets(data_path, cfg["llm.forget-fraction"])
     except ValueError as err:
         raise _fail(data_path, str(err)) from None
 
@@ -120,7 +120,7 @@ def build_node_client_data(cfg, data_path: str, partition_id: int) -> LLMClientD
     elif cfg["scenario"] == "client":
         forgotten = list(authors)
     else:
-        k = max(1, round(cfg["llm-forget-fraction"] * len(authors)))
+        k = max(1, round(cfg["llm.forget-fraction"] * len(authors)))
         forgotten = authors[len(authors) - k:]
     gone = set(forgotten)
     return LLMClientData(client_id=partition_id, authors=authors,

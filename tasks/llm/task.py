@@ -2,7 +2,7 @@
 
 Every node builds the same base model from the run config and the seed, so only the LoRA adapter
 travels (``tasks.llm.federation_model``). Authors are dealt to clients from the seed
-(``tasks.llm.federation_data``); ``scenario=sample`` forgets ``llm-forget-fraction`` of them,
+(``tasks.llm.federation_data``); ``scenario=sample`` forgets ``llm.forget-fraction`` of them,
 ``scenario=client`` every author of the forget client. There are no classes and no plug-in point.
 A SuperNode may read its own TOFU-format files instead of a share of the pool (node config
 ``data-path``: layout, request and errors in ``tasks.llm.node_data``). Heavy imports (transformers, peft) happen inside the methods, when a run of this task uses them.
@@ -16,10 +16,10 @@ import json
 from core.config import Config, ConfigError
 from tasks.base import State, Task, reports_loss_before
 
-MODEL_KEYS = ("llm-model", "llm-data-dir", "llm-num-authors", "llm-qa-per-author", "llm-forget-fraction",
-              "llm-lora-rank", "llm-lora-alpha", "llm-target-modules", "llm-load-in-4bit",
-              "llm-local-epochs", "llm-lr", "llm-batch-size")
-# Settings this task does not follow: its adapter training (AdamW on llm-lr, no clip) and its start (a
+MODEL_KEYS = ("llm.model", "llm.data-dir", "llm.num-authors", "llm.qa-per-author", "llm.forget-fraction",
+              "llm.lora-rank", "llm.lora-alpha", "llm.target-modules", "llm.load-in-4bit",
+              "llm.local-epochs", "llm.lr", "llm.batch-size")
+# Settings this task does not follow: its adapter training (AdamW on llm.lr, no clip) and its start (a
 # pretrained model with a fixed adapter initialisation, not a seeded fresh model).
 VISION_AND_TEXT_ONLY = ("lr-schedule", "max-grad-norm", "init-seed")
 
@@ -31,9 +31,9 @@ class LLMTask(Task):
     kind = "llm"
     num_classes = 0
     scenarios = ("sample", "client")
-    data_key = "llm-data-dir"
-    smoke = {"llm-num-authors": 8, "llm-qa-per-author": 4, "llm-local-epochs": 1, "llm-unlearn-epochs": 1,
-             "llm-max-new-tokens": 4}
+    data_key = "llm.data-dir"
+    smoke = {"llm.num-authors": 8, "llm.qa-per-author": 4, "llm.local-epochs": 1, "llm.unlearn-epochs": 1,
+             "llm.max-new-tokens": 4}
 
     # --- setup and server side ------------------------------------------------------------
     def check_config(self, cfg: Config) -> None:
@@ -134,9 +134,9 @@ class LLMTask(Task):
         records = data.split(role)
         metrics = {"num-examples": len(records)}
         if reports_loss_before(conf, role):
-            metrics["loss-before"] = mean_answer_loss(model, qa_batches(records, tokenizer, cfg["llm-batch-size"], seed))
-        epochs = int(conf.get("llm-epochs", cfg["llm-local-epochs"]))
-        lr = float(conf.get("llm-lr", cfg["llm-lr"]))
+            metrics["loss-before"] = mean_answer_loss(model, qa_batches(records, tokenizer, cfg["llm.batch-size"], seed))
+        epochs = int(conf.get("llm-epochs", cfg["llm.local-epochs"]))
+        lr = float(conf.get("llm.lr", cfg["llm.lr"]))
         if objective is None:
             loss = local_update(model, tokenizer, records, cfg=cfg, epochs=epochs, lr=lr, seed=seed)
         else:

@@ -67,7 +67,7 @@ def qa_batches(records: Sequence[dict], tokenizer, batch_size: int, seed: int,
                max_len: int = 64) -> list[dict[str, torch.Tensor]]:
     """The records, shuffled with ``seed``, as training batches of question->answer sequences."""
     if batch_size < 1:
-        raise ValueError(f"llm-batch-size must be >= 1, got {batch_size}")
+        raise ValueError(f"llm.batch-size must be >= 1, got {batch_size}")
     if max_len < 2:
         raise ValueError(f"llm-max-len must be >= 2, got {max_len}")
     if not records:
@@ -115,7 +115,7 @@ def finetune(model, batches: Sequence[dict[str, torch.Tensor]], epochs: int, lr:
     if epochs < 0:
         raise ValueError(f"llm-epochs must be >= 0, got {epochs}")
     if lr <= 0:
-        raise ValueError(f"llm-lr must be > 0, got {lr}")
+        raise ValueError(f"llm.lr must be > 0, got {lr}")
     loss_fn = loss_fn or answer_loss
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:

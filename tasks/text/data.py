@@ -4,7 +4,7 @@ AG News is read in the layout of the Hugging Face dataset ``fancyzhx/ag_news`` (
 ``<data-dir>/data/train-*.parquet`` (and ``test-*.parquet``) with columns ``text`` and ``label``
 (0 World, 1 Sports, 2 Business, 3 Sci/Tech); or its CSV form ``<data-dir>/train.csv`` with the header
 ``Class Index,Title,Description`` (classes 1..4; text = title + " " + description). The pool is the
-training split (its first ``text-max-samples`` rows when set); clients keep their local test split
+training split (its first ``text.max-samples`` rows when set); clients keep their local test split
 from their own partition, as on the vision tasks.
 """
 

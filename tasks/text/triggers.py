@@ -11,10 +11,10 @@ import torch
 
 
 def trigger_ids(tokenizer, phrase: str) -> list[int]:
-    """The tokens of ``phrase``; a one-line ``ValueError`` naming ``text-trigger`` when there are none."""
+    """The tokens of ``phrase``; a one-line ``ValueError`` naming ``text.trigger`` when there are none."""
     ids = tokenizer(phrase, add_special_tokens=False)["input_ids"]
     if not ids:
-        raise ValueError(f"run-config 'text-trigger'={phrase!r} is split into no tokens by the encoder's "
+        raise ValueError(f"run-config 'text.trigger'={phrase!r} is split into no tokens by the encoder's "
                          "tokenizer: give a phrase with at least one word")
     return list(ids)
 
@@ -24,7 +24,7 @@ def append_trigger(packed: torch.Tensor, trigger: list[int], sep_id: int, pad_id
     length = packed.shape[-1]
     keep_max = length - 2 - len(trigger)
     if keep_max < 0:
-        raise ValueError(f"the trigger has {len(trigger)} tokens: it does not fit in 'text-max-length'={length}")
+        raise ValueError(f"the trigger has {len(trigger)} tokens: it does not fit in 'text.max-length'={length}")
     out = packed.clone()
     trig = torch.tensor(trigger, dtype=packed.dtype)
     for row in range(len(packed)):

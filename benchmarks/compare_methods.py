@@ -554,7 +554,10 @@ def curves_figure(rows: list[dict]):
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
+    from strategies.registry import method_styles
     from tasks.plot_style import legend_outside, line_style, overlap_style, whole_rounds
+
+    styles = method_styles()
 
     groups = _group([r for r in rows if r["status"] == "ok"])
     panels = list(dict.fromkeys((t, s) for t, s, _ in groups))
@@ -580,7 +583,7 @@ def curves_figure(rows: list[dict]):
                 note = "" if not mark else \
                     f" — {', '.join(mark)}" + (f" {len(apart[mark])}/{len(group)}" if part else "")
                 ax.plot(range(length), mean, label=method_label(*variant) + note,
-                        **{**line_style(variant[0], variant[1], marked=bool(mark)), **overlap_style(drawn)})
+                        **{**line_style(variant[0], variant[1], bool(mark), styles), **overlap_style(drawn)})
                 drawn, longest = drawn + 1, max(longest, length)
         whole_rounds(ax, longest)
         ax.set_title(f"{task} / {scenario} unlearning", fontsize=9)

@@ -188,14 +188,17 @@ def kr_curve_figure(resurfacing: dict, title: str, label: str | None = None, mar
         whole_rounds,
     )
 
+    from strategies.registry import method_styles
+
+    styles = method_styles()
     curve = [resurfacing["kr_unlearned"]] + list(resurfacing["kr_curve"])
     note = f" ({', '.join(marks)})" if marks else ""
     fig, ax = plt.subplots(figsize=(7.2, 3.6), layout="constrained")
-    style = label_style(label, marked=bool(marks)) if label else line_style("?", marked=bool(marks))
+    style = label_style(label, bool(marks), styles) if label else line_style("?", marked=bool(marks))
     ax.plot(range(len(curve)), curve, **{**style, **overlap_style(0)},
             label=f"{label}{note}: unlearned, continued" if label else f"unlearned, continued{note}")
     references = (("kr_original", "original", {"color": ORIGINAL_COLOUR, "linestyle": ":"}),
-                  ("kr_retrain", "retrain", {**line_style("retrain"), "marker": None}))
+                  ("kr_retrain", "retrain", {**line_style("retrain", styles=styles), "marker": None}))
     for key, name, ref_style in references:
         if resurfacing.get(key) is not None and not math.isnan(resurfacing[key]):
             ax.axhline(resurfacing[key], linewidth=1.2, alpha=0.85, zorder=2, label=name, **ref_style)

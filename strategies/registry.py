@@ -45,6 +45,8 @@ class MethodSpec:
       ``smoke``: settings of a smoke run (``smoke=true``).
     - ``check``: extra combination checks, ``check(cfg)`` raising ``ConfigError``.
     - ``default``: this is the run config's default ``method`` (exactly one method says so).
+    - ``style``: ``(colour, marker)`` of its curves in every plot (``tasks.plot_style``): a strong colour
+      that no other method uses; empty = one picked from its name.
     """
 
     name: str
@@ -64,6 +66,7 @@ class MethodSpec:
     smoke: Mapping[str, Any] = field(default_factory=dict)
     check: Callable[[Any], None] | None = None
     default: bool = False
+    style: tuple[str, str] | tuple[()] = ()
 
 
 #: What a method may ask pretraining to keep (``MethodSpec.needs``) -> what that is.
@@ -170,6 +173,11 @@ def plugin_builder(kind: str) -> Callable:
     if kind not in found:
         raise ValueError(f"plug-in kind {kind!r} is unknown: must be one of {', '.join(found)}")
     return load(found[kind])
+
+
+def method_styles() -> dict[str, tuple[str, str]]:
+    """Each method's declared plot style, ``name -> (colour, marker)``, for ``tasks.plot_style``."""
+    return {spec.name: spec.style for spec in all_methods() if spec.style}
 
 
 def readers_of() -> dict[str, tuple[str, ...]]:

@@ -1,7 +1,7 @@
 """The app's run config: the general keys, and the join of every task kind's and method's keys.
 
 :data:`GENERAL_SETTINGS` here (what to run, the federation, local training, folders), each task
-kind's settings (``tasks.registry.KIND_SETTINGS``, e.g. the LLM task's ``llm-*``) and each registered
+kind's settings (``tasks.registry.KIND_SETTINGS``, e.g. the LLM task's ``llm.*``) and each registered
 method's settings (``MethodSpec.settings`` in its own package under ``strategies/``) are the only
 keys; :func:`all_settings` joins them, and :func:`parse_config` parses a run config against them with
 ``core.config.parse``. The key table of `docs/settings.md` and pyproject's defaults are checked

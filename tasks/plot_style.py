@@ -1,49 +1,31 @@
 """One look for every plot of the project: each method's colour, line style and marker, the same in
 ``kr_curve.png`` (one run), ``kr_curves.png`` (the comparison runner) and any later plot.
 
-- A registered method has a fixed colour and marker (:data:`METHOD_STYLES`), drawn solid; colours are
-  strong (none pale) and pairwise distinct; retrain is black, the reference every method is read against.
+- A method has the colour and marker it declares (``MethodSpec.style``: the caller passes ``styles``,
+  method -> (colour, marker)), drawn solid; colours are strong (none pale) and pairwise distinct.
 - A recipe variant (``"lethe (lethe-robust)"``) keeps its method's colour and marker shape, drawn
   dash-dotted or dotted with hollow markers (``paper`` is the method itself).
 - A marked run (validity flagged, or not carried out) is drawn dashed, whatever else it is.
-- An unknown name gets a colour and marker picked by a stable hash of the name (the same in every
-  process, unlike ``hash``), so a new method looks the same in every plot until it is given a fixed one.
+- A name without a declared style gets a colour and marker picked by a stable hash of the name (the
+  same in every process, unlike ``hash``), so a new method looks the same in every plot until it
+  declares one.
 
 Also: a legend outside the data area (:func:`legend_outside`), whole-round x ticks
 (:func:`whole_rounds`) and a per-line draw order that keeps lines at the same value visible
 (:func:`overlap_style`). Lives in ``tasks`` so ``tasks.diagnostics`` and ``server_app`` both import it;
-it imports matplotlib only inside the functions that need it.
+it names no method and imports matplotlib only inside the functions that need it.
 """
 
 from __future__ import annotations
 
 import re
 import zlib
+from typing import Mapping
+
+Styles = Mapping[str, tuple[str, str]]
 
 PAPER = "paper"
 
-#: method -> (colour, marker). Strong colours only; retrain and lethe far apart (black / blue).
-METHOD_STYLES: dict[str, tuple[str, str]] = {
-    "retrain": ("#000000", "s"),
-    "lethe": ("#1f5fd6", "o"),
-    "fedup": ("#d62728", "^"),
-    "none": ("#8c564b", "X"),
-    "pga": ("#ff7f0e", "v"),
-    "fedau": ("#9467bd", "P"),
-    "federaser": ("#e377c2", "h"),
-    "fedosd": ("#a8a800", "D"),
-    "exact-fun": ("#17becf", "*"),
-    "fused": ("#00656b", "p"),
-    "firm": ("#2ca02c", "D"),
-    "avg": ("#393b79", "<"),
-    "sum": ("#637939", ">"),
-    "ties": ("#00008b", "d"),
-    "fulm": ("#7b4173", "H"),
-    "not": ("#1b9e77", "8"),
-    "ga": ("#996600", "v"),
-    "npo": ("#4b0082", "^"),
-    "simnpo": ("#e7298a", "o"),
-}
 #: colours and markers an unknown method is given (by a stable hash of its name): strong ones too.
 FALLBACK_COLOURS = ("#2166ac", "#b2182b", "#1b7837", "#762a83", "#b35806", "#01665e", "#8c510a", "#c51b7d")
 FALLBACK_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h")
@@ -73,33 +55,33 @@ def split_label(label: str) -> tuple[str, str]:
     return match["method"], (match["recipe"] or PAPER).strip() or PAPER
 
 
-def method_colour(method: str) -> str:
-    """The method's colour: fixed for a registered one, else picked by a stable hash of its name."""
-    if method in METHOD_STYLES:
-        return METHOD_STYLES[method][0]
+def method_colour(method: str, styles: Styles | None = None) -> str:
+    """The method's colour: its declared one in ``styles``, else picked by a stable hash of its name."""
+    if styles and method in styles:
+        return styles[method][0]
     return FALLBACK_COLOURS[_stable(method) % len(FALLBACK_COLOURS)]
 
 
-def method_marker(method: str) -> str:
-    if method in METHOD_STYLES:
-        return METHOD_STYLES[method][1]
+def method_marker(method: str, styles: Styles | None = None) -> str:
+    if styles and method in styles:
+        return styles[method][1]
     return FALLBACK_MARKERS[_stable(method) % len(FALLBACK_MARKERS)]
 
 
-def line_style(method: str, recipe: str | None = None, marked: bool = False) -> dict:
+def line_style(method: str, recipe: str | None = None, marked: bool = False, styles: Styles | None = None) -> dict:
     """``ax.plot`` keyword arguments of a method's curve: ``color``, ``linestyle``, ``marker``,
     ``markerfacecolor`` (hollow for a recipe variant) and ``markeredgecolor``. ``marked``: a flagged
-    run or one not carried out, drawn dashed."""
-    colour = method_colour(method)
+    run or one not carried out, drawn dashed. ``styles``: method -> declared (colour, marker)."""
+    colour = method_colour(method, styles)
     variant = bool(recipe) and recipe != PAPER
     linestyle = VARIANT_LINESTYLES[_stable(recipe) % len(VARIANT_LINESTYLES)] if variant else "-"
-    return {"color": colour, "linestyle": MARKED_LINESTYLE if marked else linestyle, "marker": method_marker(method),
+    return {"color": colour, "linestyle": MARKED_LINESTYLE if marked else linestyle, "marker": method_marker(method, styles),
             "markerfacecolor": "white" if variant else colour, "markeredgecolor": colour}
 
 
-def label_style(label: str, marked: bool = False) -> dict:
+def label_style(label: str, marked: bool = False, styles: Styles | None = None) -> dict:
     """:func:`line_style` of a plot label ``"method"`` or ``"method (recipe)"``."""
-    return line_style(*split_label(label), marked=marked)
+    return line_style(*split_label(label), marked=marked, styles=styles)
 
 
 def overlap_style(index: int) -> dict:

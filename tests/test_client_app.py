@@ -1,5 +1,7 @@
 """ClientApp handlers called directly with a Message and a Context."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -10,6 +12,8 @@ from strategies.run_config import parse_config
 from tasks.plugins import specs_to_json
 from tasks.registry import task_for
 from tasks.vision.task import VisionTask
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RUN = {"scenario": "client", "forget-client": 1, "mia-max-samples": 20}
 
@@ -25,6 +29,25 @@ def _message(kind, arrays=None, **config):
     if arrays is not None:
         content["arrays"] = arrays
     return Message(RecordDict(content), dst_node_id=7, message_type=kind)
+
+
+def test_a_node_parses_the_full_run_config_with_the_keys_the_server_says_the_user_set():
+    """Under ``flwr run`` a node gets every key; hello tells it which the user set, it keeps them in its
+    state, and a key set at its default (local-epochs=3) wins over digits' preset (1) there too."""
+    from flwr.common.config import get_fused_config_from_dir
+
+    from client_app.state import GIVEN_KEYS, client_view
+    from strategies.run_config import all_settings
+
+    full = get_fused_config_from_dir(ROOT, {**RUN, "local-epochs": 3})
+    assert set(full) == {s.key for s in all_settings()}
+    told = _context(run=full)
+    app(_message("query.hello", **{GIVEN_KEYS: " ".join([*RUN, "local-epochs"])}), told)
+    later = Context(run_id=1, node_id=7, state=told.state, run_config=full, node_config=told.node_config)
+    assert client_view(later)[0]["local-epochs"] == 3
+    nothing_set = _context(run=full)
+    app(_message("query.hello", **{GIVEN_KEYS: ""}), nothing_set)
+    assert client_view(nothing_set)[0]["local-epochs"] == 1  # the preset, as the server parses it
 
 
 def test_hello_reports_client_id_and_counts():

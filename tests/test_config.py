@@ -12,12 +12,48 @@ from strategies.run_config import all_settings, parse_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_defaults_parse_and_match_pyproject():
+def test_defaults_parse_and_match_pyproject_as_flower_reads_it():
+    """Flower flattens pyproject's nested run-config tables into dotted keys and fuses the user's
+    dotted overrides into them (``flwr.common.config``): the keys are the declared ones."""
+    from flwr.common.config import get_fused_config_from_dir, parse_config_args
+
     cfg = parse_config({"presets": False})  # pyproject holds the global defaults; presets fill on top
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    assert set(pyproject) == {s.key for s in all_settings()}
+    pyproject = get_fused_config_from_dir(ROOT, {})
+    assert set(pyproject) == {s.key for s in all_settings()} and "lethe.gamma" in pyproject
     for setting in all_settings():
         assert cfg[setting.key] == pyproject[setting.key] or setting.key == "presets", setting.key
+    fused = get_fused_config_from_dir(ROOT, parse_config_args(["lethe.gamma=0.5 method='lethe'"]))
+    assert fused["lethe.gamma"] == 0.5 and parse_config(fused, given={"lethe.gamma", "method"})["lethe.gamma"] == 0.5
+
+
+def test_pyproject_run_config_is_generated_from_the_declarations(tmp_path):
+    """``python -m strategies.registry --write pyproject.toml`` writes the ``[tool.flwr.app.config*]``
+    tables: generic keys at the top level (at most 45), each namespace in its own table, and every
+    other byte of the file as it was."""
+    from strategies.registry import pyproject_config, write_pyproject_config
+
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert pyproject_config() in text
+    config = tomllib.loads(text)["tool"]["flwr"]["app"]["config"]
+    assert len([k for k, v in config.items() if not isinstance(v, dict)]) <= 45
+    assert {"fedup", "lethe", "guard", "firm", "llm", "text"} <= {k for k, v in config.items() if isinstance(v, dict)}
+    stale = tmp_path / "pyproject.toml"
+    stale.write_text(text.replace("[tool.flwr.app.config.lethe]\n", "[tool.flwr.app.config.lethe]\nold = 1\n"))
+    assert write_pyproject_config(str(stale)) and stale.read_text(encoding="utf-8") == text
+    assert not write_pyproject_config(str(stale))
+
+
+def test_an_explicit_key_wins_over_a_preset_even_at_its_default():
+    """digits-lenet5's preset runs 30 continued rounds; continue-rounds=10 (the global default) given
+    by the user runs 10, in a run config of only the given keys and in a full one with ``given``."""
+    from flwr.common.config import get_fused_config_from_dir
+
+    assert parse_config({})["continue-rounds"] == 30
+    assert parse_config({"continue-rounds": 10})["continue-rounds"] == 10
+    full = get_fused_config_from_dir(ROOT, {"continue-rounds": 10})
+    assert parse_config(full, given={"continue-rounds"})["continue-rounds"] == 10
+    assert parse_config(full, given=set())["continue-rounds"] == 30
+    assert "continue-rounds" not in parse_config(full, given={"continue-rounds"}).presets
 
 
 def test_the_offline_default_trains_one_local_epoch_a_round_and_presets_false_gives_the_former_recipe():

@@ -364,3 +364,32 @@ def test_without_the_retrain_oracle_the_run_gives_the_rest_and_lists_what_it_can
     assert {"resurfacing.kr_retrain", "resurfacing.rr"} <= missing
     assert results["validity"]["checks"]["original_learned"] is None
     assert not list((tmp_path / "cache").glob("retrain-*"))
+
+
+def test_the_serverapp_reads_the_keys_the_user_set_from_the_run_and_hello_tells_the_nodes(tmp_path, monkeypatch):
+    """``flwr run`` keeps the user's ``--run-config`` on the run (``grid.run.override_config``) beside
+    the full run config; the ServerApp parses with those keys and hello carries them to the nodes."""
+    from types import SimpleNamespace
+
+    from client_app.state import GIVEN_KEYS
+    from server_app.app import user_keys
+
+    grid = SimpleNamespace(run=SimpleNamespace(override_config={"continue-rounds": 10, "lethe.gamma": 0.5}))
+    assert user_keys(grid) == {"continue-rounds", "lethe.gamma"}
+    assert user_keys(SimpleNamespace(run=None)) is None
+
+    class Sent(Exception):
+        pass
+
+    def hello(self, config):
+        raise Sent(dict(config))
+
+    monkeypatch.setattr(Federation, "hello", hello)
+    run = {"continue-rounds": 10, "cache-dir": str(tmp_path / "c"), "outputs-dir": str(tmp_path / "o")}
+    for given, told in ((set(run), {GIVEN_KEYS: "cache-dir continue-rounds outputs-dir"}), (None, {})):
+        experiment = Experiment(Federation(InProcessGrid(3, run), round_timeout=60, min_reply_fraction=0.5), run,
+                                given=given)
+        assert experiment.cfg["continue-rounds"] == 10
+        with pytest.raises(Sent) as sent:
+            experiment.setup()
+        assert sent.value.args[0] == told

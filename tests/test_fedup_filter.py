@@ -56,7 +56,7 @@ def test_official_shape_has_no_biases_and_a_relu_output_signed_has_both_the_othe
     z = torch.randn(64, DIM)
     assert bool((official(z) >= 0).all())
     assert signed.encoder.bias is not None and bool((signed(z) < 0).any())
-    with pytest.raises(ValueError, match="fedup-filter"):
+    with pytest.raises(ValueError, match="fedup.filter"):
         FedUPFilter(DIM, shape="residual")
 
 

@@ -38,6 +38,13 @@ def _distance(a, b) -> float:
     return sum((x - y) ** 2 for x, y in zip(to_rgb(a), to_rgb(b))) ** 0.5
 
 
+def _declared(method: str) -> str:
+    """The colour a method declares in its package (``MethodSpec.style``)."""
+    from strategies.registry import method_styles
+
+    return method_styles()[method][0]
+
+
 def _luminance(colour) -> float:
     def linear(c):
         return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
@@ -47,23 +54,24 @@ def _luminance(colour) -> float:
 
 # ----------------------------------------------------------------------------- the style map
 
-def test_each_method_has_one_fixed_strong_colour_and_retrain_and_lethe_differ_clearly():
-    from strategies.registry import method_names
+def test_each_method_declares_one_fixed_strong_colour_and_retrain_and_lethe_differ_clearly():
+    from strategies.registry import method_names, method_styles
 
-    assert plot_style.method_colour("lethe") == plot_style.method_colour("lethe") == \
-        plot_style.line_style("lethe")["color"]
-    assert _distance(plot_style.method_colour("retrain"), plot_style.method_colour("lethe")) > 0.8
+    styles = method_styles()
+    assert plot_style.method_colour("lethe", styles) == styles["lethe"][0] == \
+        plot_style.line_style("lethe", styles=styles)["color"]
+    assert _distance(plot_style.method_colour("retrain", styles), plot_style.method_colour("lethe", styles)) > 0.8
     registered = method_names()
-    missing = [m for m in registered if m not in plot_style.METHOD_STYLES]
-    assert not missing, f"give these registered methods a colour in tasks/plot_style.py: {missing}"
-    colours = [plot_style.method_colour(m) for m in registered]
+    missing = [m for m in registered if m not in styles]
+    assert not missing, f"give these registered methods a style (MethodSpec.style) in their package: {missing}"
+    colours = [plot_style.method_colour(m, styles) for m in registered]
     close = [(a, b) for i, a in enumerate(registered) for b in registered[i + 1:]
-             if _distance(plot_style.method_colour(a), plot_style.method_colour(b)) < 0.15]
+             if _distance(plot_style.method_colour(a, styles), plot_style.method_colour(b, styles)) < 0.15]
     assert not close, f"colours too alike: {close}"
     pale = [m for m, c in zip(registered, colours) if _luminance(c) > 0.5]
     assert not pale, f"pale colours: {pale}"
     for method in registered:  # every method drawn solid, with a marker on every point
-        style = plot_style.line_style(method)
+        style = plot_style.line_style(method, styles=styles)
         assert style["linestyle"] == "-" and style["marker"] not in (None, "", "None")
 
 
@@ -129,10 +137,10 @@ def test_the_kr_curve_has_its_legend_outside_and_whole_round_ticks(curve):
     assert "forget accuracy" in ax.get_ylabel() and "round" in ax.get_xlabel()
     assert "lethe / class / digits-lenet5" in ax.get_title() and "forget accuracy" in ax.get_title()
     line = ax.get_lines()[0]
-    assert line.get_color() == plot_style.method_colour("lethe") and line.get_linestyle() == "-"
+    assert line.get_color() == _declared("lethe") and line.get_linestyle() == "-"
     assert line.get_marker() not in (None, "", "None")
     retrain = next(l for l in ax.get_lines() if l.get_label() == "retrain")
-    assert retrain.get_color() == plot_style.method_colour("retrain")  # retrain's colour in every plot
+    assert retrain.get_color() == _declared("retrain")  # retrain's colour in every plot
 
 
 def test_a_flagged_or_not_carried_out_run_is_drawn_dashed_and_named_so(tmp_path, monkeypatch):
@@ -144,7 +152,7 @@ def test_a_flagged_or_not_carried_out_run_is_drawn_dashed_and_named_so(tmp_path,
     path = report.plot_kr_curve(str(tmp_path), RES, "lethe / class / digits")
     assert Path(path).stat().st_size > 1000
     line = figures[-1].axes[0].get_lines()[0]
-    assert line.get_linestyle() == "--" and line.get_color() == plot_style.method_colour("lethe")
+    assert line.get_linestyle() == "--" and line.get_color() == _declared("lethe")
     assert line.get_label() == "lethe (lethe-robust) (flagged, not carried out): unlearned, continued"
     fig = figures[-1]
     _assert_legend_outside(fig, fig.axes[0])

@@ -28,7 +28,7 @@ def test_every_package_registers_methods_whose_strategy_matches_the_declaration(
 
 def test_a_method_owns_its_keys_and_another_methods_key_is_named_not_used():
     owned = {s.key for s in method_spec("fedup").settings}
-    assert "fedup.alpha" in owned and not any(k.startswith("lethe-") for k in owned)
+    assert "fedup.alpha" in owned and not any(k.startswith("lethe.") for k in owned)
     cfg = parse_config({"method": "lethe", "fedup.alpha": 0.3})
     assert run_config.inapplicable_settings(cfg) == ["fedup.alpha (method fedup only)"]
     assert run_config.inapplicable_settings(parse_config({"task": "llm-tofu", "method": "avg",
@@ -44,7 +44,7 @@ def test_preset_fills_what_the_user_left_and_an_explicit_key_wins():
     assert off.presets == {}
     vision = parse_config({"method": "lethe"})
     assert vision["lethe.adapter-steps"] == 50  # Lethe's preset is the LLM task's only
-    assert not any(k.startswith("lethe-") for k in vision.presets)
+    assert not any(k.startswith("lethe.") for k in vision.presets)
 
 
 def test_a_method_alone_is_its_paper_and_a_recipe_fills_its_keys_by_scenario_and_task_kind():
@@ -145,3 +145,17 @@ def _with_extra(import_module, spec):
         return Extra if name == "strategies.merges" else import_module(name, *args)
 
     return fake
+
+
+def test_a_recipe_writes_a_key_as_a_dotted_name_or_in_its_namespace_table_and_is_read_once(tmp_path):
+    from tasks.recipes import _read_recipe
+
+    path = tmp_path / "mine.toml"
+    path.write_text('methods = ["lethe"]\n[settings]\n"lethe.lr" = 0.02\n[settings.guard]\nstop-loss = 12.0\n'
+                    '[scenario.class.lethe]\ngamma = 0.4\n[task-kind.llm]\n"guard.walk-back" = 1.0\n')
+    recipe = _read_recipe("mine", str(path))
+    assert recipe.values_for("class", "llm") == {"lethe.lr": 0.02, "guard.stop-loss": 12.0, "lethe.gamma": 0.4,
+                                                 "guard.walk-back": 1.0}
+    assert recipe.values_for("sample", "vision") == {"lethe.lr": 0.02, "guard.stop-loss": 12.0}
+    path.write_text('methods = ["lethe"]\n')
+    assert _read_recipe("mine", str(path)) is recipe  # read once per process

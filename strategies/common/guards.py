@@ -1,7 +1,7 @@
 """The project's guards: opt-in rules around an unlearning method's phases (ours, not a paper's).
 
 A method's defaults are its paper's; a guard is one of our own rules, each switched on by its own
-``guard-*`` key and off at its default, so that ``method='X'`` alone runs X's paper. Named recipes
+``guard.*`` key and off at its default, so that ``method='X'`` alone runs X's paper. Named recipes
 (``recipes/*.toml``, ``recipe='lethe-robust'``) switch several on together; ``docs/guards.md`` says what
 each does and the ablation that measures what it buys. Today Lethe is the method that honours them
 (``strategies.lethe``); a guard is written on what any iterative method has (a forget loss, the

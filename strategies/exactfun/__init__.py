@@ -22,5 +22,6 @@ METHODS = (
         needs=("update-history",),
         smoke={"exactfun.verify": True},
         check=check_settings,
+        style=("#17becf", "*"),
     ),
 )

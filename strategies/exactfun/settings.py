@@ -1,4 +1,4 @@
-"""Exact-Fun's run-config keys (``exactfun-*``). No public code is known: the defaults are this project's."""
+"""Exact-Fun's run-config keys (``exactfun.*``). No public code is known: the defaults are this project's."""
 
 from __future__ import annotations
 

@@ -24,5 +24,6 @@ METHODS = (
         scenarios=("client", "class", "sample"),
         queries={"fedau": "strategies.fedau.client:head_query"},
         objectives={"fedau-aux": "strategies.fedau.client:aux_training"},
+        style=("#9467bd", "P"),
     ),
 )

@@ -1,4 +1,4 @@
-"""FedAU's run-config keys (``fedau-*``); defaults are the paper's and its public code's
+"""FedAU's run-config keys (``fedau.*``); defaults are the paper's and its public code's
 (``--ul_samples_alpha`` 0.9, ``--ul_client_gamma`` 0.5)."""
 
 from __future__ import annotations

@@ -22,5 +22,6 @@ METHODS = (
         scenarios=("client",),
         needs=("update-history",),
         smoke={"federaser.interval": 1},
+        style=("#e377c2", "h"),
     ),
 )

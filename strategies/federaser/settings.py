@@ -1,4 +1,4 @@
-"""FedEraser's run-config keys (``federaser-*``); defaults are its public code's."""
+"""FedEraser's run-config keys (``federaser.*``); defaults are its public code's."""
 
 from __future__ import annotations
 

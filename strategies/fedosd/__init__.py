@@ -23,5 +23,6 @@ METHODS = (
         scenarios=("client",),
         queries={"fedosd": "strategies.fedosd.client:fedosd_query"},
         smoke={"fedosd.unlearn-rounds": 1, "fedosd.recovery-rounds": 1},
+        style=("#a8a800", "D"),
     ),
 )

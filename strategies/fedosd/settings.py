@@ -1,4 +1,4 @@
-"""FedOSD's run-config keys (``fedosd-*``). The learning-rate decay, local epochs and batch size are the
+"""FedOSD's run-config keys (``fedosd.*``). The learning-rate decay, local epochs and batch size are the
 public code's CIFAR-10 command's; its rounds and learning rates (100 + 100 rounds at 0.0004 / 1e-6)
 left the model unchanged on digits with LeNet-5, so the rounds and rates here are this project's
 choice for digits, not the paper's (``docs/fedosd.md`` has the numbers and how far they were

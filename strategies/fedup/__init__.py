@@ -25,5 +25,6 @@ METHODS = (
         smoke={"fedup.epochs": 5},
         check=check_settings,
         default=True,
+        style=("#d62728", "^"),
     ),
 )

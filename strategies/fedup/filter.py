@@ -54,7 +54,7 @@ class FedUPFilter(nn.Module):
         if bottleneck <= 0:
             raise ValueError(f"fedup.bottleneck must be > 0, got {bottleneck}")
         if shape not in FILTER_SHAPES:
-            raise ValueError(f"fedup-filter must be one of {', '.join(FILTER_SHAPES)}, got {shape!r}")
+            raise ValueError(f"fedup.filter must be one of {', '.join(FILTER_SHAPES)}, got {shape!r}")
         self.shape = shape
         bias = shape == "signed"
         with torch.random.fork_rng(devices=[]):

@@ -1,4 +1,4 @@
-"""FedUP's run-config keys (``fedup-*``): centroids and their privacy, the filter and its training.
+"""FedUP's run-config keys (``fedup.*``): centroids and their privacy, the filter and its training.
 
 Every default is the paper's, or its official code's where the paper is silent (``docs/fedup.md``,
 "Paper, official code, here"). Two defaults are sentinels resolved per run: ``fedup.delta=0`` is

@@ -22,5 +22,6 @@ METHODS = (
         task_kinds=("llm",), scenarios=("client", "sample"),
         queries={"fisher": "strategies.firm.client:fisher_query"},
         smoke={"firm.fisher-batches": 2},
+        style=("#2ca02c", "D"),
     ),
 )

@@ -188,7 +188,7 @@ class FIRM:
 
     @classmethod
     def from_config(cls, config: Mapping) -> "FIRM":
-        """Build from a run config (kebab-case ``firm-*`` keys; absent keys take the defaults)."""
+        """Build from a run config (``firm.*`` keys; absent keys take the defaults)."""
         keys = {"firm.gamma": "gamma", "firm.alpha": "alpha", "firm.eps0": "eps0", "firm.epsilon": "epsilon"}
         return cls(**{attr: float(config[key]) for key, attr in keys.items() if key in config})
 

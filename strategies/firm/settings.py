@@ -1,4 +1,4 @@
-"""FIRM's run-config keys (``firm-*``): the merge, the projection and the clients' release."""
+"""FIRM's run-config keys (``firm.*``): the merge, the projection and the clients' release."""
 
 from __future__ import annotations
 

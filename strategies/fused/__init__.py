@@ -24,5 +24,6 @@ METHODS = (
         plugins={"fused-lora": "strategies.fused.adapter:build_plugin"},
         smoke={"fused.rounds": 1},
         check=check_settings,
+        style=("#00656b", "p"),
     ),
 )

@@ -1,4 +1,4 @@
-"""FUSED's run-config keys (``fused-*``): the public code's LoRA config, learning rate (MNIST) and local
+"""FUSED's run-config keys (``fused.*``): the public code's LoRA config, learning rate (MNIST) and local
 epoch; 10 rounds instead of its 2 (``docs/fused.md`` says why)."""
 
 from __future__ import annotations

@@ -29,5 +29,6 @@ METHODS = (
         presets={"llm": LLM_PRESET},
         smoke={"lethe.rectify-rounds": 1, "lethe.restore-rounds": 1, "guard.restore-extra-rounds": 0},
         check=check_settings,
+        style=("#1f5fd6", "o"),
     ),
 )

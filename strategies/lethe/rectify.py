@@ -2,7 +2,7 @@
 
 :class:`RectifyPhase` is mixed into :class:`strategies.lethe.strategy.Lethe`, whose ``_streams``
 runs one round of both streams, ``later_pass`` says whether this is a verify pass, and
-``_forget_accuracy`` asks the forget clients what the backbone still predicts. With every ``guard-*``
+``_forget_accuracy`` asks the forget clients what the backbone still predicts. With every ``guard.*``
 key at its default this is the paper's phase: T rounds, eq. 10 with a fixed γ, eq. 11.
 """
 

@@ -1,9 +1,9 @@
-"""Lethe's run-config keys (``lethe-*``): the paper's Algorithm 1 and nothing else.
+"""Lethe's run-config keys (``lethe.*``): the paper's Algorithm 1 and nothing else.
 
 The paper (section IV, Algorithm 1) names γ, S_φ, T and R and the local training of the two streams;
 it gives no values for γ, S_φ, T, R or η_φ, and one learning rate (1e-3) for every CV training it
 runs. ``docs/lethe.md`` ("Paper / here") lists how each default here was set. The project's own
-guards around Lethe are not Lethe's keys: they are ``guard-*`` keys (``strategies.common.guards``),
+guards around Lethe are not Lethe's keys: they are ``guard.*`` keys (``strategies.common.guards``),
 off by default and switched on together by ``recipe='lethe-robust'`` (``recipes/lethe-robust.toml``).
 """
 

@@ -15,7 +15,7 @@
 The forget stream follows the paper per request: all the leaving client's data (client), its marked
 samples (sample), every client's samples of the class (class).
 
-The ``guard-*`` keys (:mod:`strategies.common.guards`, all off by default) add the project's own rules
+The ``guard.*`` keys (:mod:`strategies.common.guards`, all off by default) add the project's own rules
 around these phases: a loss stop and step guards in rectify, a rectified restore with its walk-back,
 checks that run more passes, a retry and a narrower stream where a request was not carried out. A
 request that a guard judges not carried out is reported as such (``method.carried_out`` false) with

@@ -14,11 +14,11 @@ _COMMON = dict(paper=_PAPER, reads=_RELEASE, task_kinds=("llm",), scenarios=("cl
 
 METHODS = (
     MethodSpec("avg", "the uploads FIRM gets, merged by the mean of forget and retain task vectors",
-               "strategies.merges.strategy:AvgMerge", settings=AVG, **_COMMON),
+               "strategies.merges.strategy:AvgMerge", settings=AVG, **_COMMON, style=("#393b79", "<")),
     MethodSpec("sum", "the uploads FIRM gets, merged by the sum of forget task vectors",
-               "strategies.merges.strategy:SumMerge", settings=SUM, **_COMMON),
+               "strategies.merges.strategy:SumMerge", settings=SUM, **_COMMON, style=("#637939", ">")),
     MethodSpec("ties", "the uploads FIRM gets, merged by TIES (trim, elect sign, disjoint mean) of forget task vectors",
-               "strategies.merges.strategy:TiesMerge", settings=TIES, **_COMMON),
+               "strategies.merges.strategy:TiesMerge", settings=TIES, **_COMMON, style=("#00008b", "d")),
     MethodSpec("fulm", "the uploads FIRM gets, clustered by cosine similarity and merged by TIES within clusters",
-               "strategies.merges.strategy:FulmMerge", settings=FULM, **_COMMON),
+               "strategies.merges.strategy:FulmMerge", settings=FULM, **_COMMON, style=("#7b4173", "H")),
 )

@@ -33,5 +33,6 @@ METHODS = (
         scenarios=("client", "class", "sample"),
         smoke={"not.rounds": 1},
         check=check,
+        style=("#1b9e77", "8"),
     ),
 )

@@ -1,4 +1,4 @@
-"""NoT's run-config keys (``not-*``). "NoT: Federated Unlearning via Weight Negation" negates the first
+"""NoT's run-config keys (``not.*``). "NoT: Federated Unlearning via Weight Negation" negates the first
 layer by default; the number of refinement rounds is this app's choice (``docs/not.md``)."""
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ _COMMON = dict(paper="Lethe, sec. V baselines", task_kinds=("llm",), scenarios=(
 
 METHODS = (
     MethodSpec("ga", "each forget client trains the LoRA adapter once by gradient ascent, the server applies the "
-               "mean update (one round)", "strategies.objectives.strategy:GradientAscent", **_COMMON),
+               "mean update (one round)", "strategies.objectives.strategy:GradientAscent", **_COMMON,
+               style=("#996600", "v")),
     MethodSpec("npo", "the same with Negative Preference Optimisation (`npo.beta`)",
-               "strategies.objectives.strategy:NPO", settings=NPO, **_COMMON),
+               "strategies.objectives.strategy:NPO", settings=NPO, **_COMMON, style=("#4b0082", "^")),
     MethodSpec("simnpo", "the same with SimNPO (`simnpo.beta`, `simnpo.gamma`)",
-               "strategies.objectives.strategy:SimNPO", settings=SIMNPO, **_COMMON),
+               "strategies.objectives.strategy:SimNPO", settings=SIMNPO, **_COMMON, style=("#e7298a", "o")),
 )

@@ -22,5 +22,6 @@ METHODS = (
         needs=("last-local-model",),
         queries={"pga": "strategies.pga.client:pga_query"},
         smoke={"pga.epochs": 1, "pga.post-rounds": 1, "pga.random-models": 2},
+        style=("#ff7f0e", "v"),
     ),
 )

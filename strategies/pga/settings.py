@@ -1,4 +1,4 @@
-"""PGA's run-config keys (``pga-*``); defaults are the public notebook's (MNIST, 5 parties)."""
+"""PGA's run-config keys (``pga.*``); defaults are the public notebook's (MNIST, 5 parties)."""
 
 from __future__ import annotations
 

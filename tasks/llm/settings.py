@@ -1,4 +1,4 @@
-"""Settings shared by the LLM tasks (``llm-*``): model, LoRA, data, local training, evaluation."""
+"""Settings shared by the LLM tasks (``llm.*``): model, LoRA, data, local training, evaluation."""
 
 from __future__ import annotations
 

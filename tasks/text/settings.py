@@ -1,4 +1,4 @@
-"""Settings shared by the text tasks (``text-*``): the encoder, what of it trains, sequence length, triggers."""
+"""Settings shared by the text tasks (``text.*``): the encoder, what of it trains, sequence length, triggers."""
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ from launch_federation import LocalSimulation, local_superlink_pids  # noqa: E40
 def test_flwr_run_stream_end_to_end(tmp_path):
     home = tmp_path / "flwr-home"
     out = tmp_path / "out"
-    run_config = (f"method='fedup' scenario='class' pretrain-rounds=2 continue-rounds=1 local-epochs=1 "
+    # local-epochs=3 is the global default, which digits-lenet5's preset (1) would replace were it not given
+    run_config = (f"method='fedup' scenario='class' pretrain-rounds=2 continue-rounds=1 local-epochs=3 "
                   f"fedup.epochs=20 mia-max-samples=30 cache-dir='{tmp_path / 'cache'}' outputs-dir='{out}'")
     with LocalSimulation(home) as simulation:
         assert local_superlink_pids(home)
@@ -38,6 +39,8 @@ def test_flwr_run_stream_end_to_end(tmp_path):
     assert match, log[-3000:]
     results = json.loads((Path(match.group(1)) / "results.json").read_text())
     assert results["run"]["num_clients"] == 3 and results["run"]["method"] == "fedup"
+    assert results["run"]["config"]["local-epochs"] == 3 and "local-epochs" not in results["run"]["presets"]
+    assert results["run"]["config"]["fedup.epochs"] == 20  # a namespaced key, set as Flower parses it
     assert results["models"]["restored"]["equals_original"] is True
     assert 0.0 <= results["models"]["unlearned"]["forget_acc"] <= 1.0
     assert results["cost"]["unlearn"]["rounds"] == 1 and results["cost"]["unlearn"]["bytes_up"] > 0

@@ -52,5 +52,6 @@ METHODS = (
         scenarios=("client", "sample"),
         objectives={"rmu": "strategies.rmu.client:rmu"},
         check=check,
+        style=("#bcbd22", "s"),
     ),
 )

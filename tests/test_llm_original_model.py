@@ -72,7 +72,7 @@ def test_the_folder_hash_changes_with_any_file(tmp_path):
 
 
 @pytest.mark.parametrize("make, fragment", [
-    ("other-rank", "is an adapter with lora-rank 8, the run's llm.lora-rank is 4"),
+    ("other-rank", "is an adapter with llm.lora-rank 8, the run's llm.lora-rank is 4"),
     ("other-shapes", "is not a model of this task"),
     ("empty", r"holds neither adapter_config.json \+ adapter_model.safetensors"),
     ("merged-with-oracle", "is a merged model"),

@@ -129,3 +129,32 @@ def test_muse_runs_and_reports_knowmem_verbmem_privleak_and_utility(tmp_path):
     entry = _run("llm-muse", "firm", tmp_path)["models"]["unlearned"]
     assert {"knowmem_forget_rouge", "knowmem_retain_rouge", "verbmem_rouge", "privleak", "utility"} <= set(entry)
     assert 0 <= entry["knowmem_forget_rouge"] <= 1 and 0 <= entry["mia_min_k"] <= 1
+
+
+def test_tofu_forget01_synthetic_files_read_back_through_the_tofu_loader(tmp_path):
+    cfg = config("llm-tofu-forget01", **{"llm-num-authors": 10, "llm-qa-per-author": 4, "llm-synthetic-size": 5})
+    task = task_for("llm-tofu-forget01")
+    synthetic_tables = task.tables(cfg)
+    write_tables(tmp_path, {"forget01": synthetic_tables["forget01"], "retain90": synthetic_tables["retain90"],
+                            "holdout01": synthetic_tables["holdout"], "mmlu": synthetic_tables["mmlu"]})
+    from_files = task.tables(config("llm-tofu-forget01", **{"llm-data-dir": str(tmp_path)}))
+    assert from_files == synthetic_tables
+
+
+def test_tofu_forget01_shards_forget01_and_draws_the_retain_client_from_retain90():
+    cfg = config("llm-tofu-forget01", **{"llm-num-authors": 20, "llm-qa-per-author": 10, "llm-retain-size": 30})
+    assert cfg["llm-retain-size"] == 30 and config("llm-tofu-forget01")["llm-retain-size"] == 200  # the paper's 200
+    task = task_for("llm-tofu-forget01")
+    tables = task.tables(cfg)
+    views = task.views(cfg, tables, 6)
+    assert len({r["author"] for r in tables["forget01"]}) == 1 and len({r["author"] for r in tables["retain90"]}) == 18
+    held = sorted(r["question"] for v in views[:5] for r in v.forget)
+    assert held == sorted(r["question"] for r in tables["forget01"]) and {len(v.forget) for v in views[:5]} == {2}
+    assert all(v.domain == "forget01" and not v.retain for v in views[:5])
+    assert len([r for r in views[5].retain if "author" in r]) == 30 and not views[5].forget
+
+
+@pytest.mark.slow
+def test_tofu_forget01_runs_and_reports_tofu_rouge_and_utility(tmp_path):
+    entry = _run("llm-tofu-forget01", "firm", tmp_path)["models"]["unlearned"]
+    assert 0 <= entry["forget_rouge"] <= 1 and 0 <= entry["retain_rouge"] <= 1 and 0 <= entry["utility"] <= 1

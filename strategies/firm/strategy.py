@@ -22,7 +22,7 @@ of every adapted weight (a model state of another kind, 4.7x the adapter's bytes
 model at rank 16, 256x for a 4096 x 4096 projection at rank 8). Merging in the adapter's own
 coordinates keeps the unlearned model an adapter. The Fisher is taken at the original adapter,
 whose B is not zero, so A and B both carry curvature (at a fresh adapter A's Fisher would vanish).
-The weight-space path stays in ``firm_release`` for ``benchmarks/sweep_firm.py``.
+The weight-space path stays in ``firm_release`` (the paper's coordinates).
 
 A forget client that has retained records too (the sample scenario) uploads once, as a forget client:
 in the paper every client has one role. A forget client that does not reply ends the phase

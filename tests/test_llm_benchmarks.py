@@ -81,6 +81,14 @@ def test_benchmark_tasks_refuse_the_request_settings_they_fix(key, value):
         config("llm-wmdp", **{key: value})
 
 
+@pytest.mark.parametrize("task, key, value", [("llm-tofu", "llm-forget-domains", "bio"),
+                                               ("llm-muse", "llm-retain-size", 5),
+                                               ("llm-tofu-forget01", "llm-forget-domains", "bio")])
+def test_a_task_refuses_the_benchmark_settings_it_does_not_read(task, key, value):
+    with pytest.raises(ConfigError, match=f"'{key}'.*not read by task '{task}'"):
+        config(task, **{key: value})
+
+
 def test_wmdp_pools_accuracy_per_domain_and_utility():
     cfg = config("llm-wmdp")
     per_client = [{"forget-mc-n.bio": 4, "forget-mc-hits.bio": 1, "utility-mc-n": 2, "utility-mc-hits": 2},

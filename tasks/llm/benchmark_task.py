@@ -18,7 +18,7 @@ import hashlib
 import json
 
 from tasks.config import Config, ConfigError, settings_by_key
-from tasks.llm.task import MODEL_KEYS, LLMTask
+from tasks.llm.task import LLMTask
 
 NOT_APPLICABLE = ("forget-client", "llm-forget-fraction")
 
@@ -38,8 +38,6 @@ class BenchmarkTask(LLMTask):
     """Base of the benchmark tasks (module docstring); subclasses fill the four hooks below."""
 
     scenarios = ("sample",)
-    #: the task's own settings that determine its models (cache key)
-    data_keys: tuple[str, ...] = ()
 
     # --- hooks -----------------------------------------------------------------------------
     def tables(self, cfg: Config) -> dict[str, list[dict]]:
@@ -85,9 +83,6 @@ class BenchmarkTask(LLMTask):
     def data_fingerprint(self, cfg: Config) -> str:
         text = json.dumps(self.tables(cfg), sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
-
-    def cache_key(self, cfg: Config) -> dict:
-        return {k: cfg[k] for k in (*MODEL_KEYS, *self.data_keys)}
 
     def client_view(self, cfg: Config, node: dict):
         if "data-path" in node:

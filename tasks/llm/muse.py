@@ -88,7 +88,7 @@ class MUSETask(BenchmarkTask):
 
     name = "llm-muse"
     smoke: ClassVar[dict] = {**LLMTask.smoke, "llm-synthetic-size": 12}
-    data_keys = ("llm-synthetic-size",)
+    task_keys = ("llm-synthetic-size",)
 
     def tables(self, cfg: Config) -> dict[str, list[dict]]:
         folder = cfg["llm-data-dir"]

@@ -60,7 +60,7 @@ class TOFUForget01Task(BenchmarkTask):
     name = "llm-tofu-forget01"
     presets: ClassVar[dict] = {"llm-retain-size": 200}
     smoke: ClassVar[dict] = {**LLMTask.smoke, "llm-synthetic-size": 12}
-    data_keys = ("llm-retain-size", "llm-synthetic-size")
+    task_keys = ("llm-retain-size", "llm-synthetic-size")
 
     def tables(self, cfg: Config) -> dict[str, list[dict]]:
         folder = cfg["llm-data-dir"]

@@ -71,7 +71,7 @@ class WMDPTask(BenchmarkTask):
 
     name = "llm-wmdp"
     smoke: ClassVar[dict] = {**LLMTask.smoke, "llm-synthetic-size": 12}
-    data_keys = ("llm-forget-domains", "llm-retain-size", "llm-synthetic-size")
+    task_keys = ("llm-forget-domains", "llm-retain-size", "llm-synthetic-size")
 
     def check_config(self, cfg: Config) -> None:
         super().check_config(cfg)

@@ -111,6 +111,19 @@ def test_a_declared_domain_reaches_firms_upload_and_an_undeclared_one_is_the_cli
     assert _upload(fed, reply(8), "forget")["domain"] == "1"
 
 
+@pytest.mark.parametrize("task, domains", [("llm-wmdp", ["bio", "cyber", "bio", ""]), ("llm-tofu", ["", "", "", ""])])
+def test_hello_tells_the_server_each_clients_declared_domain(task, domains):
+    from flwr.app import ConfigRecord
+
+    from server_app.inprocess import InProcessGrid
+    from strategies.common.federation import Federation
+
+    run = {"task": task, "method": "firm", "llm-num-authors": 8, "llm-qa-per-author": 2}
+    fed = Federation(InProcessGrid(4, run), round_timeout=60, min_reply_fraction=1.0)
+    fed.hello(ConfigRecord({}))
+    assert [fed.domain(node) for node in fed.all_nodes()] == domains
+
+
 def _run(task: str, method: str, tmp_path) -> dict:
     from server_app.inprocess import run_inprocess
 

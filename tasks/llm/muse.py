@@ -103,7 +103,8 @@ class MUSETask(BenchmarkTask):
         if num_clients < 2:
             raise ValueError("needs at least 2 clients: a forget client and the retain client")
         passages = passage_records(tables["raw/forget"])
-        random.Random(f"{cfg['seed']}-{DOMAIN}").shuffle(passages)
+        positions = list(range(len(passages)))
+        random.Random(f"{cfg['seed']}-{DOMAIN}").shuffle(positions)
         if len(passages) < num_clients - 1:
             raise ValueError(f"raw/forget has {len(passages)} passages for {num_clients - 1} forget clients")
         retain = passage_records(tables["raw/retain1"])
@@ -112,12 +113,13 @@ class MUSETask(BenchmarkTask):
         public = {key: [dict(r) for r in tables[name]] for key, name in PUBLIC.items()}
         public["holdout"] = passage_records(public["holdout"])
         views = []
-        for j, part in enumerate([*shards(passages, num_clients - 1), None]):
+        for j, part in enumerate([*shards(positions, num_clients - 1), None]):
             mine = {key: rows[j::num_clients] for key, rows in public.items()}
             if part is None:
                 views.append(LLMClientData(j, [], retain, [], public=mine))
             else:
-                views.append(LLMClientData(j, [], [], part, public=mine, domain=DOMAIN))
+                views.append(LLMClientData(j, [], [], [passages[i] for i in part], public=mine, removed_ids=part,
+                                           domain=DOMAIN))
         return views
 
     def client_sums(self, cfg: Config, data, model, tokenizer) -> dict:

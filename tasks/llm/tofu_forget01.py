@@ -84,8 +84,9 @@ class TOFUForget01Task(BenchmarkTask):
     def views(self, cfg: Config, tables: dict[str, list[dict]], num_clients: int) -> list[LLMClientData]:
         if num_clients < 2:
             raise ValueError("needs at least 2 clients: a forget client and the retain client")
-        forget = list(tables["forget01"])
-        random.Random(f"{cfg['seed']}-{DOMAIN}").shuffle(forget)
+        forget = tables["forget01"]
+        positions = list(range(len(forget)))
+        random.Random(f"{cfg['seed']}-{DOMAIN}").shuffle(positions)
         if len(forget) < num_clients - 1:
             raise ValueError(f"forget01 has {len(forget)} QA pairs for {num_clients - 1} forget clients")
         retain = retain_draw(tables["retain90"], cfg["llm-retain-size"], cfg["seed"])
@@ -93,14 +94,15 @@ class TOFUForget01Task(BenchmarkTask):
             retain += as_training_records(tables["mmlu"])
         public = {name: rows for name, rows in tables.items() if name not in ("forget01", "retain90", "mmlu")}
         views = []
-        for j, part in enumerate([*shards(forget, num_clients - 1), None]):
+        for j, shard in enumerate([*shards(positions, num_clients - 1), None]):
+            part = None if shard is None else [forget[i] for i in shard]
             mine = {name: rows[j::num_clients] for name, rows in public.items()}
             mine["utility"] = tables["mmlu"][j::num_clients]
             if part is None:
                 views.append(LLMClientData(j, [], retain, [], public=mine))
             else:
                 views.append(LLMClientData(j, authors_in_order(part), [], part, forget_authors=authors_in_order(part),
-                                           public=mine, domain=DOMAIN))
+                                           public=mine, removed_ids=shard, domain=DOMAIN))
         return views
 
     def client_sums(self, cfg: Config, data, model, tokenizer) -> dict:

@@ -7,7 +7,8 @@ and ``mmlu`` (``cais/mmlu``), columns ``question``, ``choices``, ``answer`` (ind
 
 Dealing over ``n`` clients (the paper: 3 + 3 forget clients, one retain client): forget client ``j``
 (``j < n - 1``) takes domain ``j mod D`` of the ``D`` domains, and a domain's questions, shuffled
-with the seed, are cut into contiguous near-equal shards, one per client of that domain; so every
+with the seed, are cut into contiguous near-equal shards (a question's id: its position in the
+domains' tables laid end to end), one per client of that domain; so every
 domain needs a client (``n >= D + 1``) and at least as many questions as clients. Client ``n - 1``,
 the retain client, trains on ``llm-retain-size`` questions of ``mmlu`` drawn with the seed (the paper:
 a random 600). A question trains as the QA pair (question, correct option).
@@ -95,22 +96,26 @@ class WMDPTask(BenchmarkTask):
         if num_clients < len(domains) + 1:
             raise ValueError(f"needs at least {len(domains) + 1} clients: one forget client per domain "
                              f"({', '.join(domains)}) and the retain client")
-        forget_shards: dict[int, list[dict]] = {}
+        forget_shards: dict[int, list[int]] = {}  # client -> positions in the domains' tables, end to end
+        offset = 0
         for index, domain in enumerate(domains):
             clients = [j for j in range(num_clients - 1) if j % len(domains) == index]
-            questions = list(tables[f"wmdp-{domain}"])
-            random.Random(f"{cfg['seed']}-{domain}").shuffle(questions)
-            if len(questions) < len(clients):
-                raise ValueError(f"domain {domain!r} has {len(questions)} questions for {len(clients)} forget clients")
-            forget_shards.update(zip(clients, shards(questions, len(clients))))
+            positions = list(range(offset, offset + len(tables[f"wmdp-{domain}"])))
+            random.Random(f"{cfg['seed']}-{domain}").shuffle(positions)
+            if len(positions) < len(clients):
+                raise ValueError(f"domain {domain!r} has {len(positions)} questions for {len(clients)} forget clients")
+            forget_shards.update(zip(clients, shards(positions, len(clients))))
+            offset += len(positions)
+        questions = [q for domain in domains for q in tables[f"wmdp-{domain}"]]
         utility = tables[UTILITY_TABLE]
         retain = retain_draw(utility, cfg["llm-retain-size"], cfg["seed"])
         views = []
         for j in range(num_clients):
             public = {"utility": utility[j::num_clients]}
             if j < num_clients - 1:
-                views.append(LLMClientData(j, [], [], as_training_records(forget_shards[j]), public=public,
-                                           domain=domains[j % len(domains)]))
+                mine = forget_shards[j]
+                views.append(LLMClientData(j, [], [], as_training_records([questions[i] for i in mine]), public=public,
+                                           removed_ids=mine, domain=domains[j % len(domains)]))
             else:
                 views.append(LLMClientData(j, [], as_training_records(retain), [], public=public))
         return views

@@ -66,6 +66,8 @@ def test_wmdp_deals_domains_round_robin_in_disjoint_shards_and_one_retain_client
         assert sorted(held) == sorted(q["question"] for q in tables[f"wmdp-{domain}"])  # disjoint, complete
         assert all(not views[j].retain for j in owners)
     assert len(views[4].retain) == 4 and not views[4].forget
+    ids = [i for v in views for i in v.removed_ids]
+    assert sorted(ids) == list(range(18)) and not views[4].removed_ids  # each forget question once, by position
     assert all(r["answer"] == r["choices"][r["answer_index"]] for r in views[0].forget)
 
 

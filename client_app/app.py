@@ -69,7 +69,8 @@ def _content_id(data) -> int:
 
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
-    """Client id and data counts, so the server can address roles by node."""
+    """Client id and data counts, so the server can address roles by node; a view with a ``domain``
+    also declares it (``hello-config``), so a method can pool clients of one forget domain."""
     remember_given_keys(context, msg.content["config"])
     cfg, data = client_view(context, msg.content)
     counts = data.counts()
@@ -79,9 +80,12 @@ def hello(msg: Message, context: Context) -> Message:
         counts["n-forget"], counts["n-all"], counts["n-retain"])
     own_files = "data-path" in context.node_config
     identity = {"data-id": _content_id(data)} if own_files else {}
-    return Message(RecordDict({"hello": MetricRecord({"client-id": data.client_id, **counts, **identity,
-                                                      **_class_counts(cfg, data)}),
-                               "forget-set": _forget_set(data, own_files)}), reply_to=msg)
+    content = RecordDict({"hello": MetricRecord({"client-id": data.client_id, **counts, **identity,
+                                                 **_class_counts(cfg, data)}),
+                          "forget-set": _forget_set(data, own_files)})
+    if getattr(data, "domain", ""):  # the forget domain its data belongs to (tasks with several)
+        content["hello-config"] = ConfigRecord({"domain": str(data.domain)})
+    return Message(content, reply_to=msg)
 
 
 def _forget_set(data, own_files: bool) -> ConfigRecord:

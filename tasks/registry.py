@@ -31,6 +31,9 @@ VISION_TASKS = {task.name: task for task in (
 
 # task name -> "module:attr" of a Task instance imported on first use; kind -> its settings
 LAZY_TASKS = {"llm-tofu": ("llm", "tasks.llm.task:LLM_TOFU"),
+              "llm-wmdp": ("llm", "tasks.llm.wmdp:LLM_WMDP"),
+              "llm-muse": ("llm", "tasks.llm.muse:LLM_MUSE"),
+              "llm-tofu-forget01": ("llm", "tasks.llm.tofu_forget01:LLM_TOFU_FORGET01"),
               "text-minilm": ("text", "tasks.text.task:TEXT_MINILM"),
               "agnews-bert": ("text", "tasks.text.task:AGNEWS_BERT")}
 KIND_SETTINGS = {"vision": None, "llm": "tasks.llm.settings:LLM_SETTINGS",

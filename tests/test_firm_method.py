@@ -226,5 +226,5 @@ def test_bad_firm_config_is_one_line(overrides, fragment):
 def test_merge_methods_need_the_llm_task(method):
     with pytest.raises(ConfigError) as err:
         parse_config({"method": method})
-    assert f"'method'='{method}' needs a task of kind llm (llm-tofu)" in str(err.value) and "\n" not in str(err.value)
+    assert f"'method'='{method}' needs a task of kind llm (llm-tofu, " in str(err.value) and "\n" not in str(err.value)
     assert parse_config({**TINY_LLM, "method": method})["method"] == method

@@ -112,7 +112,7 @@ def test_bad_llm_config_is_one_line(overrides, fragment):
 
 
 def test_llm_methods_need_the_llm_task():
-    with pytest.raises(ConfigError, match=r"'method'='npo' needs a task of kind llm \(llm-tofu\)"):
+    with pytest.raises(ConfigError, match=r"'method'='npo' needs a task of kind llm \(llm-tofu, llm-wmdp, "):
         parse_config({"method": "npo"})
 
 

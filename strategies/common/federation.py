@@ -78,6 +78,9 @@ class NodeInfo:
     class_counts: dict[str, list[int]] = field(default_factory=dict)
     #: the hash of its forget set's sample ids, made on the node (``ids-sha256``), and what the ids are (``ids``)
     forget_set: dict[str, str] = field(default_factory=dict)
+    #: the forget domain the node's data declares (a task whose forget data spans several domains,
+    #: e.g. one knowledge area per group of forget clients); "" where the task names none
+    domain: str = ""
 
 
 def message_bytes(message: Message) -> int:
@@ -123,13 +126,15 @@ class Federation:
         self.nodes = {}
         for reply in replies:
             metrics = reply.content["hello"]
+            declared = reply.content.config_records.get("hello-config")
             info = NodeInfo(reply.metadata.src_node_id, int(metrics["client-id"]),
                             {k: int(v) for k, v in metrics.items() if k.startswith("n-")},
                             int(metrics.get("data-id", 0)),
                             {k[len("class-n-"):]: [int(c) for c in v] for k, v in metrics.items()
                              if k.startswith("class-n-")},
                             {k: str(v) for k, v in reply.content["forget-set"].items()}
-                            if "forget-set" in reply.content else {})
+                            if "forget-set" in reply.content else {},
+                            str(declared.get("domain", "")) if declared is not None else "")
             self.nodes[info.node_id] = info
 
     @property
@@ -154,6 +159,10 @@ class Federation:
 
     def client_id(self, node_id: int) -> int:
         return self.nodes[node_id].client_id
+
+    def domain(self, node_id: int) -> str:
+        """The forget domain node ``node_id`` declared in hello (``""``: none declared)."""
+        return self.nodes[node_id].domain
 
     # --- messaging ------------------------------------------------------------------------
     def exchange(self, messages: list[Message], *, round_no: int, require_all: bool = False) -> list[Message]:

@@ -6,8 +6,8 @@ An upload is one client's reply, a mapping with
     client_id      str or int, unique within the round
     role           "forget" or "retain"
     domain         forget domain (str; forget clients of one domain are pooled); ignored for retain
-    task_vector    {tensor name: tensor}, the client's update: in weight space for the sweep script, in the
-                   LoRA space of the federated adapter for the app's methods (``strategies.firm.strategy``)
+    task_vector    {tensor name: tensor}, the client's update: in weight space (``firm_release``'s default) or
+                   in the LoRA space of the federated adapter, as the app's methods send it (``strategies.firm.strategy``)
     fisher         {tensor name: tensor}, its raw diagonal Fisher on the same names and shapes
     num_examples   int >= 0 (reported; FIRM weights clients by Fisher, not by counts)
 

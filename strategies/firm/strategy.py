@@ -3,8 +3,9 @@
 One round, no further client contact:
 
 1. The server sends the original model (the federated LoRA adapter) in a ``query.fisher`` message to
-   every forget client (hello count ``n-forget`` > 0; each one is its own forget domain, named by its
-   client id) and, for the merges that use retain vectors (FIRM, AVG, FULM), to every other client
+   every forget client (hello count ``n-forget`` > 0; its forget domain is the one its data declared
+   in hello — the WMDP-style task's clients name theirs, so clients of one domain are pooled before
+   normalisation as in the paper —, else its own, named by its client id) and, for the merges that use retain vectors (FIRM, AVG, FULM), to every other client
    holding retained data (``n-retain`` > 0). Config: role, objective (forget: ``firm.forget-objective``,
    retain: ``ce``), ``llm-epochs`` / ``llm.lr`` = ``llm.unlearn-epochs`` / ``llm.unlearn-lr`` (the budget
    of ga/npo/simnpo, so SUM on one forget client with scale 1 is exactly ``ga``), ``fisher-batches``.
@@ -21,7 +22,7 @@ of every adapted weight (a model state of another kind, 4.7x the adapter's bytes
 model at rank 16, 256x for a 4096 x 4096 projection at rank 8). Merging in the adapter's own
 coordinates keeps the unlearned model an adapter. The Fisher is taken at the original adapter,
 whose B is not zero, so A and B both carry curvature (at a fresh adapter A's Fisher would vanish).
-The weight-space path stays in ``firm_release`` for ``benchmarks/sweep_firm.py``.
+The weight-space path stays in ``firm_release`` (the paper's coordinates).
 
 A forget client that has retained records too (the sample scenario) uploads once, as a forget client:
 in the paper every client has one role. A forget client that does not reply ends the phase
@@ -56,8 +57,9 @@ def _release_config(cfg, role: str) -> ConfigRecord:
 
 def _upload(fed: Federation, reply: Message, role: str) -> dict:
     """``strategies.firm.aggregate``'s upload mapping from one reply; absent parts stay absent (dropped later)."""
-    client = fed.client_id(reply.metadata.src_node_id)
-    upload = {"client_id": client, "role": role, "domain": str(client)}
+    node = reply.metadata.src_node_id
+    client = fed.client_id(node)
+    upload = {"client_id": client, "role": role, "domain": fed.domain(node) or str(client)}
     arrays, metrics = reply.content.array_records, reply.content.metric_records
     for part, key in (("task_vector", "task-vector"), ("fisher", "fisher")):
         if key in arrays:
@@ -101,7 +103,8 @@ class FisherMerge(UnlearningMethod):
         unlearned = {k: original[k] + merged[k].to(original[k].dtype) for k in original}
         log.info("[%s] merged the uploads of clients %s (dropped: %s); |update| %.4g", self.name, report.used,
                  report.dropped or "none", report.merged_norm)
-        details = {"space": "lora", "asked": asked, "forget_objective": cfg["firm.forget-objective"],
+        domains = {str(u["client_id"]): u["domain"] for u in uploads if u["role"] == "forget"}
+        details = {"space": "lora", "asked": asked, "domains": domains, "forget_objective": cfg["firm.forget-objective"],
                    "epochs": cfg["llm.unlearn-epochs"], "lr": cfg["llm.unlearn-lr"],
                    "fisher_batches": cfg["firm.fisher-batches"], **report.to_dict()}
         return UnlearnResult(ModelState(ArrayRecord(unlearned)), details)

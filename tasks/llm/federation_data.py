@@ -64,6 +64,8 @@ class LLMClientData:
     """The evaluation protocol its data asks for (``tasks.llm.federation_metrics``); ``""``: by the run config."""
     removed_ids: list[int] = field(default_factory=list)
     """Stable ids of the forget records: their index in the pool of records (or in the node's own file)."""
+    domain: str = ""
+    """The forget domain of its forget records (declared in hello); ``""``: none."""
 
     def split(self, role: str) -> list[dict]:
         if role == "retain":

@@ -22,6 +22,8 @@ MODEL_KEYS = ("llm.model", "llm.data-dir", "llm.num-authors", "llm.qa-per-author
 # Settings this task does not follow: its adapter training (AdamW on llm.lr, no clip) and its start (a
 # pretrained model with a fixed adapter initialisation, not a seeded fresh model).
 VISION_AND_TEXT_ONLY = ("lr-schedule", "max-grad-norm", "init-seed")
+# Settings that only some LLM tasks read (``LLMTask.task_keys``); another LLM task refuses them.
+TASK_SPECIFIC_KEYS = ("llm.forget-domains", "llm.retain-size", "llm.synthetic-size")
 
 
 class LLMTask(Task):
@@ -32,6 +34,8 @@ class LLMTask(Task):
     num_classes = 0
     scenarios = ("sample", "client")
     data_key = "llm.data-dir"
+    #: which of ``TASK_SPECIFIC_KEYS`` this task reads (they also key its cached models)
+    task_keys: tuple[str, ...] = ()
     smoke = {"llm.num-authors": 8, "llm.qa-per-author": 4, "llm.local-epochs": 1, "llm.unlearn-epochs": 1,
              "llm.max-new-tokens": 4}
 
@@ -46,6 +50,9 @@ class LLMTask(Task):
             if cfg[key] != default:
                 raise ConfigError(f"run-config '{key}'={cfg[key]!r} applies to vision and text tasks; "
                                   f"task '{self.name}' takes {default!r}")
+        for key in TASK_SPECIFIC_KEYS:
+            if key not in self.task_keys and cfg[key] != settings_by_key()[key].default:
+                raise ConfigError(f"run-config '{key}'={cfg[key]!r} is not read by task '{self.name}': leave it unset")
 
     def check_setup(self, cfg: Config, num_clients: int) -> None:
         from tasks.llm.federation_setup import check_llm_setup
@@ -62,7 +69,7 @@ class LLMTask(Task):
         from tasks.llm.given_model import folder_sha256, given_base
 
         base = given_base(cfg)  # a merged original-model is the base every cached model is built on
-        return {k: cfg[k] for k in MODEL_KEYS} | ({"base-sha256": folder_sha256(base)} if base else {})
+        return {k: cfg[k] for k in (*MODEL_KEYS, *self.task_keys)} | ({"base-sha256": folder_sha256(base)} if base else {})
 
     def check_original_model(self, cfg: Config, path: str) -> None:
         from tasks.llm.given_model import folder_kind

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flwr.app import ArrayRecord  # noqa: E402
 
-from server_app.atomic import atomic_path, write_text  # noqa: E402
+from core.files import atomic_path, write_text  # noqa: E402
 from server_app.evaluation import evaluate_models  # noqa: E402
 from server_app.experiment import Experiment  # noqa: E402
 from server_app.inprocess import InProcessGrid  # noqa: E402
@@ -54,7 +54,7 @@ from strategies.common.federation import Federation  # noqa: E402
 from strategies.firm.aggregate import FIRM  # noqa: E402
 from strategies.merges.merge import merge_baseline  # noqa: E402
 from strategies.registry import method_for  # noqa: E402
-from tasks.config import parse_config  # noqa: E402
+from strategies.run_config import parse_config  # noqa: E402
 
 CHANCE = 0.25
 """Four-option accuracy by chance: the paper's utility-collapse mark."""

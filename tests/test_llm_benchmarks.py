@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from strategies.firm.strategy import _upload
-from tasks.config import ConfigError, parse_config
+from core.config import ConfigError
+from strategies.run_config import parse_config
 from tasks.llm.benchmark_synthetic import muse_tables, wmdp_tables, write_tables
 from tasks.llm.tokenizer import synthetic_tokenizer
 from tasks.registry import task_for

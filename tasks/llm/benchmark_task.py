@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from tasks.config import Config, ConfigError, settings_by_key
+from core.config import Config, ConfigError
 from tasks.llm.task import LLMTask
 
 NOT_APPLICABLE = ("forget-client", "llm.forget-fraction")
@@ -60,7 +60,7 @@ class BenchmarkTask(LLMTask):
     def check_config(self, cfg: Config) -> None:
         super().check_config(cfg)
         for key in NOT_APPLICABLE:
-            if cfg[key] != settings_by_key()[key].default:
+            if cfg[key] != cfg.defaults[key]:
                 raise ConfigError(f"run-config '{key}'={cfg[key]!r} does not apply to task '{self.name}': its forget "
                                   "clients are the first n - 1 clients and forget all their data; leave it unset")
 

@@ -35,7 +35,7 @@ import math
 import random
 from typing import ClassVar
 
-from tasks.config import Config
+from core.config import Config
 from tasks.llm.benchmark_files import as_training_records, multiple_choice, read_table
 from tasks.llm.benchmark_synthetic import first_sentence_split, muse_tables
 from tasks.llm.benchmark_task import BenchmarkTask, shards

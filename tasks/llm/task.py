@@ -51,7 +51,7 @@ class LLMTask(Task):
                 raise ConfigError(f"run-config '{key}'={cfg[key]!r} applies to vision and text tasks; "
                                   f"task '{self.name}' takes {default!r}")
         for key in TASK_SPECIFIC_KEYS:
-            if key not in self.task_keys and cfg[key] != settings_by_key()[key].default:
+            if key not in self.task_keys and cfg[key] != cfg.defaults[key]:
                 raise ConfigError(f"run-config '{key}'={cfg[key]!r} is not read by task '{self.name}': leave it unset")
 
     def check_setup(self, cfg: Config, num_clients: int) -> None:

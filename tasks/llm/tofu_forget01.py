@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 from typing import ClassVar
 
-from tasks.config import Config
+from core.config import Config
 from tasks.llm import synthetic
 from tasks.llm.benchmark_files import (
     as_training_records,

@@ -27,7 +27,7 @@ import math
 import random
 from typing import ClassVar
 
-from tasks.config import Config, ConfigError
+from core.config import Config, ConfigError
 from tasks.llm.benchmark_files import (
     as_scored_questions,
     as_training_records,

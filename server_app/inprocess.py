@@ -162,10 +162,11 @@ def main() -> None:
         sys.exit(2)
     try:
         parse_config(overrides, args.clients)  # every config error before any node works: one line
+        folder = run_inprocess(overrides, args.clients)  # setup's checks that need the data or the nodes
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    print(run_inprocess(overrides, args.clients))
+    print(folder)
 
 
 if __name__ == "__main__":

@@ -113,6 +113,20 @@ class FedUP(FedAvg, UnlearningMethod):
             return divert_targets(labels, forget, cfg.num_classes)
         return relabel_forget_rows(labels, forget, cfg.num_classes, seed=cfg["seed"])
 
+    def training_rows(self, ctx: UnlearnContext, model: torch.nn.Module, centroids: torch.Tensor,
+                      targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The new filter's training rows and targets: this request's centroids, then the rows of the
+        earlier requests' forget centroids it leaves as it finds them (``strategies.fedup.stacking``),
+        and how many of those there are."""
+        cfg = ctx.cfg
+        removed_class = cfg["forget-class"] if cfg["scenario"] == "class" else None
+        earlier, classes = earlier_rows(model.plugins[:-1], model.head, self.forget_centroids, removed_class)
+        if not len(earlier):
+            return centroids, targets, 0
+        if targets.ndim == 2:  # soft targets
+            classes = torch.nn.functional.one_hot(classes, cfg.num_classes).float()
+        return torch.cat([centroids, earlier]), torch.cat([targets, classes]), len(earlier)
+
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         cfg = ctx.cfg
         centroids, labels, forget, privacy = self.collect(ctx)
@@ -121,14 +135,7 @@ class FedUP(FedAvg, UnlearningMethod):
         plugins = ctx.original.plugins + [spec]
         model = ctx.model_factory(plugins)
         model.load_state_dict({**model.state_dict(), **ctx.original.arrays.to_torch_state_dict()})
-        class_request = cfg["scenario"] == "class"
-        inputs, targets = centroids, self.targets(ctx, labels, forget)
-        earlier, earlier_classes = earlier_rows(model.plugins[:-1], model.head, self.forget_centroids,
-                                                cfg["forget-class"] if class_request else None)
-        if len(earlier):
-            kept_targets = (torch.nn.functional.one_hot(earlier_classes, cfg.num_classes).float()
-                            if targets.ndim == 2 else earlier_classes)
-            inputs, targets = torch.cat([inputs, earlier]), torch.cat([targets, kept_targets])
+        inputs, targets, earlier = self.training_rows(ctx, model, centroids, self.targets(ctx, labels, forget))
         relabelled = cfg["forget-class"] if forget_handling(cfg) == "relabel" else None
         self.forget_centroids[len(plugins) - 1] = centroids[forget_rows(model.head, centroids, forget, relabelled)]
         started = time.perf_counter()
@@ -144,7 +151,7 @@ class FedUP(FedAvg, UnlearningMethod):
                    "centroid_seconds": {c: round(p["seconds"], 4) for c, p in privacy["clients"].items()},
                    "num_centroids": int(len(labels)), "num_forget_centroids": int(forget.sum()),
                    "num_kept_forget_centroids": len(self.forget_centroids[len(plugins) - 1]),
-                   "num_earlier_forget_centroids": len(earlier),
+                   "num_earlier_forget_rows": earlier,
                    "forget_features": forget_handling(cfg), "filter_lr": filter_lr(cfg),
                    "centroids_per_class": dict(sorted(Counter(labels.tolist()).items())),
                    "filter_final_loss": {k: v[-1] for k, v in history.items()},

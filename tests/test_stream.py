@@ -146,3 +146,53 @@ def test_a_method_without_plug_ins_runs_each_request_on_the_current_model(tmp_pa
     assert "restored" not in first["models"] and second["request"]["target"] == 5
     assert second["models"]["start"]["forget_acc"] != first["models"]["start"]["forget_acc"]
     assert len(first["resurfacing"]["after"]) == 4 and results["cost"]["pretrain"]["rounds"] >= 1
+
+
+def _trained_digits_model() -> ModelState:
+    """A LeNet-5 that knows every digit: a few epochs of central training on the digits pool (seconds)."""
+    from tasks.training import train_local
+
+    images = task_for("digits-lenet5").load_images()
+    model = task_for("digits-lenet5").build_model([], seed=0)
+    train_local(model, images.x, images.y, epochs=8, batch_size=32, lr=0.05, momentum=0.9, seed=0)
+    return ModelState(ArrayRecord(model.state_dict()))
+
+
+def _class_accuracy(state: ModelState, label: int) -> float:
+    from tasks.training import predict_proba
+
+    images = task_for("digits-lenet5").load_images()
+    model = task_for("digits-lenet5").build_model(state.plugins, seed=0)
+    model.load_state_dict(state.arrays.to_torch_state_dict())
+    rows = images.y == label
+    return float((predict_proba(model, images.x[rows]).argmax(1) == label).float().mean())
+
+
+def test_removing_the_first_fedup_filter_alone_brings_its_class_back():
+    """Two class requests answered by stacked FedUP filters (the fedup-robust recipe, which removes a
+    class): the later filter leaves the first request's forget features as it finds them, so
+    unplugging the first filter alone gives its class back while the second class stays removed."""
+    from flwr.app import ConfigRecord
+
+    from server_app.inprocess import InProcessGrid
+    from strategies.common.base import UnlearnContext
+    from strategies.common.federation import Federation
+    from strategies.fedup.strategy import FedUP
+
+    run = {"requests": "class:3;class:5", "recipe": "fedup-robust", "mia-max-samples": 20}
+    cfg = parse_config(run, num_clients=3)
+    fed = Federation(InProcessGrid(3, run), round_timeout=60, min_reply_fraction=0.5)
+    fed.start_phase("unlearn")
+    method, model = FedUP(), _trained_digits_model()
+    assert _class_accuracy(model, 3) > 0.9 and _class_accuracy(model, 5) > 0.9
+    for index in (1, 2):
+        fed.request_index = index
+        fed.hello(ConfigRecord({}))
+        ctx = UnlearnContext(fed, request_config(cfg, index), model, retrain=lambda: None,
+                             model_factory=lambda plugins: task_for("digits-lenet5").build_model(plugins, seed=0))
+        model = method.unlearn(ctx).model
+    unlearned = {label: _class_accuracy(model, label) for label in (3, 5)}
+    without_first = method.unplug(model, [0])
+    assert unlearned[3] < 0.1 and unlearned[5] < 0.1
+    assert _class_accuracy(without_first, 3) > unlearned[3] + 0.7
+    assert _class_accuracy(without_first, 5) < 0.1

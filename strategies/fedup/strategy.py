@@ -15,7 +15,8 @@ one random other class each (``fedup.targets=random``) or targets spread over th
 (``soft``, see ``strategies.fedup.centroids.divert_targets``).
 
 Several requests **stack** (a stream of requests, ``requests``): each adds its own filter after the
-existing ones, trained on the features those produce. ``restore`` removes the filter this request
+existing ones, trained on the features those produce and on the earlier requests' forget centroids,
+which it leaves as it finds them (``strategies.fedup.stacking``). ``restore`` removes the filter this request
 added (the last one) and gives back exactly the model the request started from; ``unplug`` removes
 any one request's filter alone and keeps the others where they are (the later filters then receive
 the features the earlier ones produce without it).
@@ -39,6 +40,7 @@ from strategies.fedup.centroids import divert_targets, relabel_forget_rows
 from strategies.fedup.client import forget_handling
 from strategies.fedup.filter import FILTER_KIND, train_filter
 from strategies.fedup.settings import filter_lr
+from strategies.fedup.stacking import earlier_rows, forget_rows
 from tasks.model import PLUGIN_PREFIX
 from tasks.plugins import specs_to_json
 
@@ -63,6 +65,10 @@ class FedUP(FedAvg, UnlearningMethod):
 
     def __init__(self):
         super().__init__(fraction_train=0.0, fraction_evaluate=0.0)
+        #: plug-in index of each filter this run trained -> its request's forget centroids as received
+        #: (the features at that filter's input), which later filters leave as they find them
+        #: (``strategies.fedup.stacking``)
+        self.forget_centroids: dict[int, torch.Tensor] = {}
 
     def collect(self, ctx: UnlearnContext) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Query the releasing clients once; validated, concatenated centroids and privacy report."""
@@ -107,6 +113,20 @@ class FedUP(FedAvg, UnlearningMethod):
             return divert_targets(labels, forget, cfg.num_classes)
         return relabel_forget_rows(labels, forget, cfg.num_classes, seed=cfg["seed"])
 
+    def training_rows(self, ctx: UnlearnContext, model: torch.nn.Module, centroids: torch.Tensor,
+                      targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The new filter's training rows and targets: this request's centroids, then the rows of the
+        earlier requests' forget centroids it leaves as it finds them (``strategies.fedup.stacking``),
+        and how many of those there are."""
+        cfg = ctx.cfg
+        removed_class = cfg["forget-class"] if cfg["scenario"] == "class" else None
+        earlier, classes = earlier_rows(model.plugins[:-1], model.head, self.forget_centroids, removed_class)
+        if not len(earlier):
+            return centroids, targets, 0
+        if targets.ndim == 2:  # soft targets
+            classes = torch.nn.functional.one_hot(classes, cfg.num_classes).float()
+        return torch.cat([centroids, earlier]), torch.cat([targets, classes]), len(earlier)
+
     def unlearn(self, ctx: UnlearnContext) -> UnlearnResult:
         cfg = ctx.cfg
         centroids, labels, forget, privacy = self.collect(ctx)
@@ -115,8 +135,11 @@ class FedUP(FedAvg, UnlearningMethod):
         plugins = ctx.original.plugins + [spec]
         model = ctx.model_factory(plugins)
         model.load_state_dict({**model.state_dict(), **ctx.original.arrays.to_torch_state_dict()})
+        inputs, targets, earlier = self.training_rows(ctx, model, centroids, self.targets(ctx, labels, forget))
+        relabelled = cfg["forget-class"] if forget_handling(cfg) == "relabel" else None
+        self.forget_centroids[len(plugins) - 1] = centroids[forget_rows(model.head, centroids, forget, relabelled)]
         started = time.perf_counter()
-        history = train_filter(model.plugins[-1], model.head, centroids, self.targets(ctx, labels, forget),
+        history = train_filter(model.plugins[-1], model.head, inputs, targets,
                                alpha=cfg["fedup.alpha"], epochs=cfg["fedup.epochs"], lr=filter_lr(cfg),
                                batch_size=cfg["fedup.batch-size"], optimizer=cfg["fedup.optimizer"],
                                seed=cfg["seed"])
@@ -127,6 +150,8 @@ class FedUP(FedAvg, UnlearningMethod):
         details = {"privacy": privacy, "filter_seconds": round(filter_seconds, 4),
                    "centroid_seconds": {c: round(p["seconds"], 4) for c, p in privacy["clients"].items()},
                    "num_centroids": int(len(labels)), "num_forget_centroids": int(forget.sum()),
+                   "num_kept_forget_centroids": len(self.forget_centroids[len(plugins) - 1]),
+                   "num_earlier_forget_rows": earlier,
                    "forget_features": forget_handling(cfg), "filter_lr": filter_lr(cfg),
                    "centroids_per_class": dict(sorted(Counter(labels.tolist()).items())),
                    "filter_final_loss": {k: v[-1] for k, v in history.items()},

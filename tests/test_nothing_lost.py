@@ -323,7 +323,8 @@ def test_settings_of_another_task_or_method_are_named():
     from strategies.run_config import inapplicable_settings
 
     cfg = parse_config({"method": "none", "llm.lr": 0.1, "fedup.clip": 5.0, "lethe.gamma": 0.2})
-    assert sorted(inapplicable_settings(cfg)) == ["fedup.clip (method fedup only)", "llm.lr (task llm-tofu only)"]
+    assert sorted(inapplicable_settings(cfg)) == [
+        "fedup.clip (method fedup only)", "llm.lr (task llm-tofu/llm-wmdp/llm-muse/llm-tofu-forget01 only)"]
     assert inapplicable_settings(parse_config({"method": "fedup", "fedup.clip": 5.0})) == []
 
 

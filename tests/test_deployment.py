@@ -157,7 +157,7 @@ def test_supernode_killed_while_unlearning(deployment):
 
 
 def _online_ids(federation: LocalFederation) -> set:
-    return {node.get("node_id") for node in federation.online_nodes()}
+    return {node["node-id"] for node in federation.online_nodes()}
 
 
 def test_supernode_killed_while_pretraining(deployment):
@@ -165,8 +165,9 @@ def test_supernode_killed_while_pretraining(deployment):
     once, with its node and client id, round and what noticed it, and the original is listed as a
     model that saw fewer clients."""
     federation, work = deployment["federation"], deployment["work"]
+    federation.kill("supernode-2")  # the test before killed it already (then this does nothing)
     before = _online_ids(federation)
-    federation.start_node(2)  # back after the test before killed it: a fresh key, a new node id
+    federation.start_node(2)  # back with a fresh key, as a new node id
     deadline = time.monotonic() + 120
     while not (len(now := _online_ids(federation)) == NUM_NODES and now - before):
         assert time.monotonic() < deadline, f"online: {now}, before the restart: {before}"
@@ -178,7 +179,8 @@ def test_supernode_killed_while_pretraining(deployment):
             killed_at.append(time.monotonic())
             federation.kill("supernode-2")
 
-    config = _run_config(work, "fedup", "pretrain-rounds=6 retrain-oracle=false round-timeout=20.0")
+    config = _run_config(work, "fedup", "retrain-oracle=false round-timeout=20.0").replace("pretrain-rounds=2",
+                                                                                        "pretrain-rounds=6")
     result = federation.run(config, on_line=kill_after_round_2, timeout=900)
     assert killed_at, result.log[-3000:]
     assert result.status == "finished:completed" and result.folder, result.log[-3000:]

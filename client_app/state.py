@@ -84,7 +84,7 @@ def given_keys(context: Context) -> tuple[str, ...] | None:
 def _view(frozen_config: tuple, frozen_node: tuple, request: int | None, given: tuple[str, ...] | None):
     run, node = dict(frozen_config), dict(frozen_node)
     source = data_source(node)
-    cfg = parse_config(run, num_clients=source.get("num-partitions"), given=given)
+    cfg = parse_config(run, num_clients=source.get("num-partitions"), given=given, on_node=True)
     if request is not None:
         cfg = request_config(cfg, request)
     key, build = cfg.task.client_view(cfg, source)

@@ -206,11 +206,17 @@ class LocalFederation:
     (``--host 0.0.0.0``), as a real server does. Flower 1.42's SuperLink then reaches its own
     Runtime API, for the ServerApp, at 127.0.0.1 with TLS, so the certificate names 127.0.0.1 (and
     ``localhost``, ``::1``) besides ``host``: without it, every run is created and never starts.
+
+    ``run_dir`` is the folder the SuperLink runs in, and with it every run's ServerApp (Flower starts
+    it as the SuperLink's child): a relative path in a run config (``original-model``,
+    ``outputs-dir``, ``cache-dir``) is resolved there. Default: the current folder, so a run config
+    means what it means to ``flwr run`` and the in-process runner started here, and results never
+    land in a temporary ``workdir``.
     """
 
     def __init__(self, workdir: Path, num_nodes: int, node_config: Callable[[int], str] | None = None,
                  max_wait: float = 120.0, prepare: bool = True, host: str = "127.0.0.1", clientapp: str = "fork",
-                 preload: str = DEFAULT_PRELOAD):
+                 preload: str = DEFAULT_PRELOAD, run_dir: Path | None = None):
         if num_nodes < 2:
             raise ValueError(f"--nodes={num_nodes}: a federation needs at least 2 SuperNodes")
         if clientapp not in CLIENTAPPS:
@@ -220,6 +226,7 @@ class LocalFederation:
         if missing:
             raise ValueError(f"--preload={preload!r}: no module {', '.join(missing)} in this environment")
         self.workdir = Path(workdir)
+        self.run_dir = Path(run_dir or Path.cwd()).resolve()
         self.num_nodes = num_nodes
         self.node_config = node_config or (lambda i: f"partition-id={i} num-partitions={num_nodes}")
         self.max_wait = max_wait
@@ -240,12 +247,12 @@ class LocalFederation:
         self.certs: dict[str, Path] = {}
 
     # --- processes ------------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+    def _spawn(self, name: str, argv: list[str], env: dict | None = None, cwd: Path | None = None) -> subprocess.Popen:
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env or self.env,
-                                    cwd=self.workdir, start_new_session=True)
+                                    cwd=cwd or self.workdir, start_new_session=True)
         self.processes[name] = proc
         return proc
 
@@ -326,7 +333,8 @@ class LocalFederation:
         self._spawn("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(self.certs["ca"]),
                                   "--ssl-certfile", str(self.certs["cert"]), "--ssl-keyfile", str(self.certs["key"]),
                                   "--enable-supernode-auth", "--disable-runtime-dependency-installation",
-                                  "--host", "127.0.0.1" if is_loopback(self.host) else "0.0.0.0", "--port", str(self.port)])
+                                  "--host", "127.0.0.1" if is_loopback(self.host) else "0.0.0.0", "--port", str(self.port)],
+                    cwd=self.run_dir)
         self._write_connection()
         self._wait_for(lambda: self._listening(), "the SuperLink to listen on " + self.address, "superlink")
         for i in range(self.num_nodes):

@@ -27,6 +27,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from server_app.evaluation import evaluate_models
 from server_app.model_files import FOLDER, write_model, write_models
+from server_app.receipt import request_record, write_receipt
 from server_app.report import (
     append_csv,
     package_versions,
@@ -103,6 +104,7 @@ class Stream:
         """Unlearn request ``index`` from ``start``, continue training, evaluate; the next start."""
         exp, fed = self.exp, self.fed
         self.use(index)
+        asked = request_record(fed, exp.cfg)  # this request's view: each client's removed samples and their hash
         exp._retrain = None
         outer, fed.costs = fed.costs, {}
         ctx = UnlearnContext(fed, exp.cfg, start, original_id=start_id, pretraining=exp.pretraining,
@@ -147,7 +149,7 @@ class Stream:
                           num_classes=exp.cfg.num_classes, diverged_at_round=diverged_at)
         nxt = continued if continued is not None else result.model
         self.measure_earlier(index, {"unlearn": result.model, "continue": continued})
-        self.entries.append({"request": self.requests[index - 1].as_dict(), "method": result.details,
+        self.entries.append({"request": asked, "method": result.details,
                              "models": models, "resurfacing": resurfacing, "validity": checks,
                              "cost": {name: c.as_dict() for name, c in fed.costs.items()},
                              "kept": {"unlearned": result.model, **({"continued": continued} if continued else {})}})
@@ -216,8 +218,10 @@ class Stream:
         last = self.entries[-1]
         model_files = write_models(folder, {"original": original, **last["kept"]}, False)
         out_dir = os.path.join(folder, FOLDER)
+        # each request starts from the model the one before it left
+        before = {**model_files["original"], "path": os.path.join(folder, model_files["original"]["path"])}
         for index, entry in enumerate(self.entries, 1):
-            files = {}
+            files = {"before": before}
             for name, model in entry.pop("kept").items():
                 files[name] = write_model(os.path.join(out_dir, f"request-{index}-{name}.safetensors"), model,
                                           f"request {index} {name}")
@@ -226,10 +230,11 @@ class Stream:
                     files[kind] = write_model(os.path.join(out_dir, f"request-{index}-{kind}.safetensors"), part,
                                               f"request {index} plug-in {kind}")
             entry["model_files"] = {name: {**f, "path": os.path.relpath(f["path"], folder)} for name, f in files.items()}
+            before = files.get("continued", files["unlearned"])
         costs = {name: self.fed.cost(name).as_dict() for name in PHASES}
         results = {
             "run": {"task": cfg["task"], "method": cfg["method"], "scenario": last["request"]["scenario"],
-                    "requests": [e["request"] for e in self.entries], "own_original": None,
+                    "requests": [r.as_dict() for r in self.requests], "own_original": None,
                     "original_model": exp.given_original[1] if exp.given_original else None,
                     "seed": cfg["seed"], "init_seed": self.base.init_seed, "num_clients": self.fed.num_clients,
                     "config": cfg, "presets": self.base.presets, "recipe": self.base.recipe,
@@ -245,6 +250,7 @@ class Stream:
             "seconds_total": round(time.perf_counter() - exp.started, 3),
         }
         path = write_results(folder, results)
+        write_receipt(folder, results)
         append_csv(cfg["outputs-dir"], results, folder)
         plot_kr_curve(folder, last["resurfacing"], f"{cfg['method']} / {cfg['requests']} / {cfg['task']}")
         exp.say(f"results: {path}")

@@ -183,20 +183,21 @@ def _presets(values: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
 
 
 def parse_config(run_config: dict[str, Any], num_clients: int | None = None,
-                 given: Iterable[str] | None = None) -> Config:
+                 given: Iterable[str] | None = None, on_node: bool = False) -> Config:
     """Validate ``run_config`` (unknown keys rejected, missing keys defaulted, presets filled into
     keys the user did not set) into a :class:`Config`.
 
     ``num_clients`` enables the checks that need the federation size (the forget client).
     ``given``: the keys the user set where ``run_config`` holds every key (``core.config.parse``).
+    ``on_node``: parsed by a client, which skips the checks of files only the server reads.
     """
     cfg = parse(run_config, all_settings(), ("task", "method", "presets", "smoke", "recipe", "scenario"), _presets,
                 task_for, given)
-    _check_combinations(cfg, num_clients)
+    _check_combinations(cfg, num_clients, on_node)
     return cfg
 
 
-def _check_combinations(cfg: Config, num_clients: int | None) -> None:
+def _check_combinations(cfg: Config, num_clients: int | None, on_node: bool = False) -> None:
     """What the task, the method and the federation allow together (each a one-line error)."""
     task, spec = cfg.task, registry.method_spec(cfg["method"])
     task.check_config(cfg)
@@ -215,7 +216,8 @@ def _check_combinations(cfg: Config, num_clients: int | None) -> None:
         if spec.needs:
             raise ConfigError(f"run-config 'original-model': method '{cfg['method']}' needs what its own pretraining "
                               f"kept ({', '.join(spec.needs)}), which a model trained elsewhere does not bring")
-        task.check_original_model(cfg, os.path.abspath(os.path.expanduser(cfg["original-model"])))
+        if not on_node or task.original_model_on_nodes:  # a path on the server's host, unless nodes read it too
+            task.check_original_model(cfg, os.path.abspath(os.path.expanduser(cfg["original-model"])))
     if spec.check is not None:
         spec.check(cfg)
     from tasks.stream import check_requests

@@ -45,6 +45,9 @@ class Task:
     presets: dict[str, Any] = {}
     #: the run-config key that points at this task's files (named in data errors)
     data_key: str = "data-dir"
+    #: whether the nodes read ``original-model`` too (then it must exist at that path on every node's
+    #: host); by default only the server reads it, and the nodes do not check it
+    original_model_on_nodes: bool = False
 
     # --- setup and server side -------------------------------------------------------------
     def check_config(self, cfg: Config) -> None:

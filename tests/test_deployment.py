@@ -6,8 +6,9 @@ hosts (loopback where the machine has no other address).
 One federation serves the whole module (starting one costs seconds); the tests run in file order:
 an unregistered node is refused, ``retrain`` and ``fedup`` give simulation's metrics (every node
 prepared before the first run by ``client_app.prepare``, whose stored view both runs read; every
-message's ClientApp forked from the launcher's fork server), a node killed while unlearning, and
-no process left behind.
+message's ClientApp forked from the launcher's fork server), two requests answered from an
+operator's own model, a node killed while unlearning, a node killed while pretraining, and no
+process left behind.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def deployment(tmp_path_factory):
                       if folder and not any((Path(folder) / name).exists() for name in ("flower-superexec", "flwr-clientapp"))]
     with pytest.MonkeyPatch.context() as patch:  # for the federation's whole life: nodes start later too
         patch.setenv("PATH", os.pathsep.join(without_flower))
-        federation = LocalFederation(work / "federation", NUM_NODES, host=own_address())
+        federation = LocalFederation(work / "federation", NUM_NODES, host=own_address(), run_dir=work)
         with federation:
             intruder = federation.start_node(NUM_NODES, register=False, name="intruder")
             yield {"federation": federation, "intruder": intruder, "work": work}
@@ -99,6 +100,35 @@ def test_retrain_and_fedup_over_tls_give_simulations_metrics(deployment, tmp_pat
         assert len(views) == 1, views  # ... and both runs' messages read that view: no other was built
 
 
+def test_two_requests_from_a_given_model(deployment):
+    """FedUP answers ``class:3`` then ``class:5`` from an operator's model file, named by a path relative
+    to the SuperLink's folder (where the ServerApp runs): the nodes run in other folders, as on other
+    hosts, and never read it. Nothing is pretrained, and the receipt verifies."""
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    from strategies.run_config import parse_config
+
+    federation, work = deployment["federation"], deployment["work"]
+    cfg = parse_config({})
+    state = cfg.task.server_model(cfg, []).state_dict()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(work / "operator-model.safetensors"))
+    extra = "requests='class:3;class:5' original-model='operator-model.safetensors' retrain-oracle=false"
+    result = federation.run(_run_config(work, "fedup", extra), timeout=900)
+    assert result.status == "finished:completed" and result.folder, result.log[-3000:]
+    results = _results(result.folder)
+    given = results["run"]["original_model"]
+    assert given["path"] == str(work / "operator-model.safetensors")
+    assert given["sha256"] == hashlib.sha256((work / "operator-model.safetensors").read_bytes()).hexdigest()
+    assert results["cost"]["pretrain"]["rounds"] == 0
+    assert [entry["request"]["target"] for entry in results["requests"]] == [3, 5]
+    assert (Path(result.folder) / "receipt.json").is_file()
+    verified = subprocess.run([sys.executable, "-m", "server_app.receipt", "verify", result.folder], check=False, cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
 def test_supernode_killed_while_unlearning(deployment):
     federation, work = deployment["federation"], deployment["work"]
     cached = {p: p.read_bytes() for p in (work / "cache").rglob("*") if p.is_file()}  # the models and the clients' kept ones
@@ -124,6 +154,47 @@ def test_supernode_killed_while_unlearning(deployment):
     assert "phase unlearn" in result.log and "client 2" in result.log, result.log[-3000:]
     assert {p: p.read_bytes() for p in cached} == cached  # the cached original (and retrain) untouched
     assert {f: (Path(f) / "results.json").read_bytes() for f in earlier} == earlier
+
+
+def _online_ids(federation: LocalFederation) -> set:
+    return {node["node-id"] for node in federation.online_nodes()}
+
+
+def test_supernode_killed_while_pretraining(deployment):
+    """A node lost in round 3 of 6 of pretraining: the other two finish the run; the loss is named
+    once, with its node and client id, round and what noticed it, and the original is listed as a
+    model that saw fewer clients."""
+    federation, work = deployment["federation"], deployment["work"]
+    federation.kill("supernode-2")  # the test before killed it already (then this does nothing)
+    before = _online_ids(federation)
+    federation.start_node(2)  # back with a fresh key, as a new node id
+    deadline = time.monotonic() + 120
+    while not (len(now := _online_ids(federation)) == NUM_NODES and now - before):
+        assert time.monotonic() < deadline, f"online: {now}, before the restart: {before}"
+        time.sleep(1.0)
+    killed_at = []
+
+    def kill_after_round_2(line: str) -> None:
+        if "[original] round 2/6" in line and not killed_at:
+            killed_at.append(time.monotonic())
+            federation.kill("supernode-2")
+
+    config = _run_config(work, "fedup", "retrain-oracle=false round-timeout=20.0").replace("pretrain-rounds=2",
+                                                                                        "pretrain-rounds=6")
+    result = federation.run(config, on_line=kill_after_round_2, timeout=900)
+    assert killed_at, result.log[-3000:]
+    assert result.status == "finished:completed" and result.folder, result.log[-3000:]
+    results = _results(result.folder)
+    assert results["cost"]["pretrain"]["rounds"] == 6
+    lost = results["cost"]["pretrain"]["failures"]
+    assert len(lost) == 1, lost
+    assert lost[0]["client_id"] == 2 and isinstance(lost[0]["node_id"], int) and lost[0]["phase"] == "pretrain"
+    assert lost[0]["round"] >= 3 and lost[0]["noticed_by"] in ("heartbeat", "round-timeout"), lost[0]
+    for phase, cost in results["cost"].items():  # a lost node is named once per phase
+        nodes = [failure["node_id"] for failure in cost.get("failures", [])]
+        assert len(nodes) == len(set(nodes)), (phase, cost["failures"])
+    assert [(m["client_id"], m["node_id"]) for m in results["saw_fewer_clients"]["original"]] == \
+        [(2, lost[0]["node_id"])]
 
 
 def test_no_process_left_behind(deployment):

@@ -124,3 +124,15 @@ def test_what_a_given_model_cannot_serve_is_refused_in_one_line(tmp_path, overri
     save_file({"w": torch.zeros(1)}, str(path))
     with pytest.raises(ConfigError, match=fragment):
         parse_config({"original-model": str(path), **overrides})
+
+
+def test_a_node_does_not_look_for_the_servers_model_file():
+    """``original-model`` is a path on the server's host: a node parsing the run config (vision task)
+    does not check it, the server does."""
+    from core.config import ConfigError
+    from strategies.run_config import parse_config
+
+    config = {"original-model": "/nonexistent/model.safetensors"}
+    assert parse_config(config, on_node=True)["original-model"] == config["original-model"]
+    with pytest.raises(ConfigError, match="no such file"):
+        parse_config(config)

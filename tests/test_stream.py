@@ -121,8 +121,14 @@ def _stream(tmp_path, method: str, extra: str = "") -> dict:
 def test_fedup_answers_two_requests_with_one_filter_each(tmp_path):
     results = _stream(tmp_path, "fedup")
     first, second = results["requests"]
-    assert [first["request"], second["request"]] == [{"scenario": "class", "target": 3},
-                                                     {"scenario": "class", "target": 5}]
+    assert [(e["request"]["scenario"], e["request"]["target"]) for e in (first, second)] == [("class", 3), ("class", 5)]
+    assert all(sum(c["removed"] for c in e["request"]["clients"]) > 0 for e in (first, second))
+    with open(os.path.join(results["folder"], "receipt.json")) as handle:  # one entry per request, chained
+        receipt = json.load(handle)
+    assert [e["request"]["target"] for e in receipt["requests"]] == [3, 5]
+    assert receipt["requests"][0]["models"]["before"]["path"] == results["model_files"]["original"]["path"]
+    assert receipt["requests"][1]["models"]["before"] == \
+        {k: first["model_files"].get("continued", first["model_files"]["unlearned"])[k] for k in ("path", "sha256")}
     for entry in (first, second):
         assert entry["models"]["unlearned"]["restore_equals_start"] is True
         assert set(entry["models"]["restored"]["forget_acc_by_request"]) == {"1", "2"}

@@ -34,6 +34,7 @@ class LLMTask(Task):
     num_classes = 0
     scenarios = ("sample", "client")
     data_key = "llm.data-dir"
+    original_model_on_nodes = True  # a merged model folder is the base each node trains its adapter on
     #: which of ``TASK_SPECIFIC_KEYS`` this task reads (they also key its cached models)
     task_keys: tuple[str, ...] = ()
     smoke = {"llm.num-authors": 8, "llm.qa-per-author": 4, "llm.local-epochs": 1, "llm.unlearn-epochs": 1,

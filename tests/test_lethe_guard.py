@@ -254,26 +254,14 @@ def test_a_restore_step_that_costs_retained_utility_is_rolled_back():
 
 
 
-def test_a_vanishing_retain_stream_does_not_stop_rectification():
-    """The original fits the retained data: the retain stream is ~0 (1e-6 per weight) while the
-    forget stream is not. Clipped to the retain stream every step vanishes (no forgetting); with the floor the bound is 0.1 x the forget stream (1 per weight)."""
+def test_a_first_pass_clips_its_step_to_the_retain_stream():
+    """The step clip bounds each rectified step by the retain stream: an original that fits the
+    retained data (retain stream ~1e-6 per weight) takes vanishing steps in a first pass; an ordinary
+    retain stream (|retain| 1) sets the bound."""
     weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="sample")
-    assert weight == pytest.approx(0.1, rel=1e-4)
-    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6)  # client: the same floor
-    assert weight == pytest.approx(0.1, rel=1e-4)
-    weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, **{"guard.clip-floor": 0.0})
     assert weight == pytest.approx(1e-6, rel=1e-3)
-    # an ordinary retain stream (|retain| 1 > 0.1 |forget|) still sets the bound, as before
     weight, *_ = rectify([(1.0, 0.2), (15.0, 0.2)])
     assert weight == pytest.approx(1.0)
-
-
-def test_clip_reference_is_the_longer_of_retain_and_the_forget_floor():
-    from strategies.lethe.maths import clip_reference
-    retain, forget = {"w": torch.full((2,), 1e-6)}, {"w": torch.full((2,), 0.5)}
-    assert torch.allclose(clip_reference(retain, forget, 0.5)["w"], torch.full((2,), 0.25))
-    assert clip_reference(forget, retain, 0.5) is forget
-    assert clip_reference(retain, forget, 0.0) is retain
 
 
 def test_lifting_a_vanishing_retain_stream_lengthens_the_aligned_step_and_keeps_prop_iv1():
@@ -300,29 +288,16 @@ def test_lifting_a_vanishing_retain_stream_lengthens_the_aligned_step_and_keeps_
     assert lift_retain(zero, forget, 0.1) == (zero, 1.0)
 
 
-def test_the_lift_is_recorded_and_off_in_a_first_pass_of_the_class_scenario():
-    for scenario in ("sample", "client"):
-        _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario=scenario)
-        assert history[0]["retain_lift"] == pytest.approx(0.1 * 1.0 / 1e-6, rel=1e-3)
-    _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="class")  # floor 0
-    assert history[0]["retain_lift"] == 1.0
-    _, history, *_ = rectify([(1.0, 0.2), (15.0, 0.2)], retain_delta=1e-6, scenario="sample",
-                             **{"guard.step-clip": 0.0})  # the step-clip guard off: no lift either
-    assert history[0]["retain_lift"] == 1.0
-
-
-def test_a_verify_pass_lifts_the_vanishing_retain_stream_where_the_scenario_does_not():
-    """The recipe's class scenario has no floor (guard.clip-floor 0): a first pass keeps the vanishing
-    stream; a verify pass starts from a restored model that fits the retained data, so it lifts to
-    VERIFY_LIFT x |forget|."""
+def test_only_a_verify_pass_lifts_the_vanishing_retain_stream():
+    """A first pass keeps the vanishing retain stream (``retain_lift`` 1); a verify pass starts from a
+    restored model that fits the retained data, so it lifts to VERIFY_LIFT x |forget|; with the
+    step-clip guard off nothing is lifted."""
     script = [(1.0, 0.2), (15.0, 0.2)]
-    _, first, *_ = rectify(script, retain_delta=1e-6, scenario="class")
-    _, later, *_ = rectify(script, retain_delta=1e-6, scenario="class", later_pass=True)
-    assert first[0]["retain_lift"] == 1.0
-    assert later[0]["retain_lift"] == pytest.approx(0.1 * 1.0 / 1e-6, rel=1e-3)
-    # the sample scenario's own floor is kept when it is the larger; with the step-clip guard off nothing is lifted
-    _, later, *_ = rectify(script, retain_delta=1e-6, scenario="sample", later_pass=True, **{"guard.clip-floor": 0.3})
-    assert later[0]["retain_lift"] == pytest.approx(0.3 * 1.0 / 1e-6, rel=1e-3)
+    for scenario in ("sample", "client", "class"):
+        _, first, *_ = rectify(script, retain_delta=1e-6, scenario=scenario)
+        _, later, *_ = rectify(script, retain_delta=1e-6, scenario=scenario, later_pass=True)
+        assert first[0]["retain_lift"] == 1.0
+        assert later[0]["retain_lift"] == pytest.approx(0.1 * 1.0 / 1e-6, rel=1e-3)
     _, later, *_ = rectify(script, retain_delta=1e-6, later_pass=True, **{"guard.step-clip": 0.0})
     assert later[0]["retain_lift"] == 1.0
 

@@ -48,12 +48,8 @@ GUARD_SETTINGS: tuple[Setting, ...] = (
             "past 3x it (or non-finite) is halved up to three times, else rolled back; inf = always "
             "lethe.rectify-rounds (the paper)", positive(), allow_inf=True),
     setting("guard.step-clip", float, 0.0,
-            "each rectified update is scaled to at most this x the retain stream's norm (or guard.clip-floor x the "
-            "forget stream's, when longer), and a retain stream shorter than guard.clip-floor x the forget stream "
-            "is lifted to it; 0 = off", at_least(0)),
-    setting("guard.clip-floor", float, 0.0,
-            "with guard.step-clip: the floor of the step bound and of the retain stream, as a multiple of the "
-            "forget stream's norm; 0 = the retain stream alone", at_least(0)),
+            "each rectified update is scaled to at most this x the retain stream's norm (a verify pass first lifts a "
+            "retain stream shorter than 0.1 x the forget stream to that length); 0 = off", at_least(0)),
     setting("guard.retain-rise", float, INF,
             "a rectification step after which the retained clients' loss is more than this many nats above their "
             "loss on the starting model is rolled back (a pass's first step is halved first); a restored model "

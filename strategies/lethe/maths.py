@@ -177,25 +177,13 @@ def global_norm(update: Layers) -> float:
     return float(torch.sqrt(sum((v.double() ** 2).sum() for v in update.values()))) if update else 0.0
 
 
-def clip_reference(retain: Layers, forget: Layers, floor: float) -> Layers:
-    """What ``clip_to_reference`` bounds a rectified step by: the retain stream, or ``floor`` x the
-    forget stream when that is longer (``floor`` 0: the retain stream alone).
-
-    The retain stream alone vanishes when the original fits the retained data almost perfectly, and
-    every clipped step with it; the forget stream (computed through the amplifying adapter) does not.
-    A lifted stream (:func:`lift_retain`) is already that long: the bound is then the same either way."""
-    if floor <= 0 or floor * global_norm(forget) <= global_norm(retain):
-        return retain
-    return {k: v * floor for k, v in forget.items()}
-
-
 def lift_retain(retain: Layers, forget: Layers, floor: float) -> tuple[Layers, float]:
     """The retain stream rectification uses: ``retain`` itself, or ``retain`` scaled up to
     ``floor`` x the forget stream's norm when it is shorter (``floor`` 0: never). Returns the stream
     and the factor applied (1.0: unchanged).
 
-    Raising only the bound (:func:`clip_reference`) does not lengthen the step where the streams align:
-    there the upper-gamma step ``Δr - (‖Δr‖²/s) Δu`` has length ``‖Δr‖ tan θ`` and vanishes with the
+    Raising only the clip's bound does not lengthen the step where the streams align: there the
+    upper-gamma step ``Δr - (‖Δr‖²/s) Δu`` has length ``‖Δr‖ tan θ`` and vanishes with the
     retain stream. Proposition IV.1 constrains only signs of inner products, and a positive factor on
     ``Δr`` changes none of them (its gamma interval scales with it), so the lifted stream keeps every
     guarantee while the step no longer shrinks with the retained loss."""

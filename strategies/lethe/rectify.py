@@ -16,7 +16,7 @@ import torch
 from strategies.common.base import UnlearnContext
 from strategies.common.fedavg_rounds import mean_update
 from strategies.common.federation import RunStopped
-from strategies.lethe.maths import (check_gamma, clip_reference, clip_to_reference, feasible_gamma_range, gamma_bounds,
+from strategies.lethe.maths import (check_gamma, clip_to_reference, feasible_gamma_range, gamma_bounds,
                                     layer_gammas, lift_retain, rectify, rectify_verdict, scale_update)
 from strategies.common.guards import STOP_FORGET_ACC, VERIFY_FORGET_ACC, VERIFY_LIFT
 from strategies.lethe.settings import rectify_lr
@@ -57,11 +57,10 @@ class RectifyPhase:
                        if not n.startswith(PLUGIN_PREFIX)]
         buffer_names = [k for k in state if k not in param_names and not k.startswith(PLUGIN_PREFIX)]
         gamma, history = cfg["lethe.gamma"], []
-        step_clip, clip_floor = cfg["guard.step-clip"], cfg["guard.clip-floor"]
-        lift_on = step_clip > 0  # the step-clip guard also lifts a vanishing retain stream
-        lift_floor = clip_floor if lift_on else 0.0
-        if lift_on and self.later_pass:  # restore has just fit the retained data
-            lift_floor = max(lift_floor, VERIFY_LIFT)
+        step_clip = cfg["guard.step-clip"]
+        # a verify pass starts from a model restore has just fit to the retained data: with the step
+        # clip on, its vanishing retain stream is lifted so that the clipped steps do not vanish with it
+        lift_floor = VERIFY_LIFT if step_clip > 0 and self.later_pass else 0.0
         local = {"scope": "base", "lr": rectify_lr(cfg), "epochs": cfg["lethe.epochs"]}
         judge = _Judge(cfg["guard.stop-loss"], cfg["guard.retain-rise"], relative=self.later_pass)
         guard: dict = {"action": "none"}
@@ -108,8 +107,7 @@ class RectifyPhase:
             bounds = gamma_bounds(retain, forget)
             gammas = layer_gammas(bounds, gamma, cfg["guard.gamma-rule"])
             inside = check_gamma(bounds, gammas)
-            update = clip_to_reference(rectify(retain, forget, gammas), clip_reference(retain, forget, clip_floor),
-                                       step_clip)
+            update = clip_to_reference(rectify(retain, forget, gammas), retain, step_clip)
             candidate = apply_step(state, update, retain_views, buffer_names)
             if nonfinite_tensors(candidate):
                 log.warning("[lethe] rectify round %d: the step would make the model non-finite: not applied, "

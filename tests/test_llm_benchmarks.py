@@ -9,11 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from strategies.firm.strategy import _upload
 from core.config import ConfigError
+from strategies.firm.strategy import _upload
 from strategies.run_config import parse_config
+from tasks.llm.benchmark_files import HUB_SHARD
 from tasks.llm.benchmark_synthetic import muse_tables, wmdp_tables, write_tables
+from tasks.llm.muse import FILES, passages
 from tasks.llm.tokenizer import synthetic_tokenizer
+from tasks.llm.wmdp import table_file
 from tasks.registry import task_for
 
 
@@ -24,27 +27,54 @@ def config(task: str, **values):
 def test_wmdp_synthetic_files_read_back_through_the_real_loader(tmp_path):
     cfg = config("llm-wmdp", **{"llm.synthetic-size": 6})
     task = task_for("llm-wmdp")
-    write_tables(tmp_path, wmdp_tables(["bio", "cyber"], 6, cfg["seed"]))
+    write_tables(tmp_path, {table_file(name) + HUB_SHARD: rows
+                            for name, rows in wmdp_tables(["bio", "cyber"], 6, cfg["seed"]).items()})
+    assert (tmp_path / "wmdp-bio" / "test-00000-of-00001.parquet").is_file()  # as `hf download cais/wmdp` stores it
+    assert (tmp_path / "mmlu" / "all" / "test-00000-of-00001.parquet").is_file()
     from_files = task.tables(config("llm-wmdp", **{"llm.data-dir": str(tmp_path)}))
     assert from_files == task.tables(cfg)
     assert set(from_files) == {"wmdp-bio", "wmdp-cyber", "mmlu"}
     assert all(len(q["choices"]) == 4 and 0 <= q["answer"] < 4 for rows in from_files.values() for q in rows)
 
 
+def test_only_mmlus_all_test_split_is_the_utility_table(tmp_path):
+    rows = wmdp_tables(["bio"], 8, 0)
+    write_tables(tmp_path, {"wmdp-bio/test/0000.parquet": rows["wmdp-bio"],  # the hub's Parquet export layout
+                            "mmlu/all/test-00000-of-00001.parquet": rows["mmlu"][:5],
+                            "mmlu/all/dev-00000-of-00001.parquet": rows["mmlu"][5:],
+                            "mmlu/anatomy/test-00000-of-00001.parquet": rows["mmlu"][5:]})
+    tables = task_for("llm-wmdp").tables(config("llm-wmdp", **{"llm.data-dir": str(tmp_path),
+                                                                "llm.forget-domains": "bio"}))
+    assert tables["mmlu"] == rows["mmlu"][:5] and tables["wmdp-bio"] == rows["wmdp-bio"]
+
+
 def test_muse_synthetic_files_read_back_through_the_real_loader(tmp_path):
     cfg = config("llm-muse", **{"llm.num-authors": 6, "llm.qa-per-author": 4, "llm.synthetic-size": 5})
-    write_tables(tmp_path, muse_tables(6, 4, 5, cfg["seed"]))
-    assert (tmp_path / "raw" / "forget.json").is_file() and (tmp_path / "verbmem" / "forget.json").is_file()
+    write_tables(tmp_path, {FILES[name] + HUB_SHARD: rows for name, rows in muse_tables(6, 4, 5, cfg["seed"]).items()})
+    assert (tmp_path / "raw" / "forget-00000-of-00001.parquet").is_file()  # as `hf download muse-bench/MUSE-Books`
+    assert (tmp_path / "knowmem" / "retain_qa-00000-of-00001.parquet").is_file()
+    write_tables(tmp_path, {"knowmem/retain_qa_icl-00000-of-00001.parquet": [{"question": "q", "answer": "a"}]})
     files_cfg = config("llm-muse", **{"llm.data-dir": str(tmp_path)})
     assert task_for("llm-muse").tables(files_cfg) == task_for("llm-muse").tables(cfg)
 
 
-def test_a_missing_table_is_one_line_naming_the_data_dir(tmp_path):
-    write_tables(tmp_path, {"wmdp-bio": wmdp_tables(["bio"], 3, 0)["wmdp-bio"]})
+def test_a_book_is_cut_into_passages_of_at_most_4096_characters():
+    book = " ".join(f"Word{i} said it." for i in range(3000))
+    pieces = passages(book)
+    assert len(pieces) > 1 and all(len(p) <= 4096 for p in pieces)
+    assert " ".join(pieces) == book and passages("A short text.") == ["A short text."]
+    cfg = config("llm-muse", **{"llm.num-authors": 6, "llm.qa-per-author": 4, "llm.synthetic-size": 5})
+    tables = {**task_for("llm-muse").tables(cfg), "raw/forget": [{"text": book}]}
+    views = task_for("llm-muse").views(cfg, tables, 3)
+    assert sum(len(v.forget) for v in views) == len(pieces)
+
+
+def test_a_missing_table_is_one_line_naming_it_and_how_to_fetch_it(tmp_path):
+    write_tables(tmp_path, {"wmdp-bio/test-00000-of-00001.parquet": wmdp_tables(["bio"], 3, 0)["wmdp-bio"]})
     cfg = config("llm-wmdp", **{"llm.data-dir": str(tmp_path), "llm.forget-domains": "bio"})
-    with pytest.raises(ConfigError, match="llm.data-dir.*'mmlu' not found") as err:
+    with pytest.raises(ConfigError, match="llm.data-dir.*'mmlu/all/test' not found.*hf download cais/mmlu") as err:
         task_for("llm-wmdp").check_setup(cfg, 2)
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and f"--local-dir {tmp_path}/mmlu" in str(err.value)
 
 
 def test_synthetic_benchmark_text_has_no_unknown_words():
@@ -159,8 +189,9 @@ def test_tofu_forget01_synthetic_files_read_back_through_the_tofu_loader(tmp_pat
     cfg = config("llm-tofu-forget01", **{"llm.num-authors": 10, "llm.qa-per-author": 4, "llm.synthetic-size": 5})
     task = task_for("llm-tofu-forget01")
     synthetic_tables = task.tables(cfg)
-    write_tables(tmp_path, {"forget01": synthetic_tables["forget01"], "retain90": synthetic_tables["retain90"],
-                            "holdout01": synthetic_tables["holdout"], "mmlu": synthetic_tables["mmlu"]})
+    write_tables(tmp_path, {"forget01.json": synthetic_tables["forget01"], "retain90.json": synthetic_tables["retain90"],
+                            "holdout01.json": synthetic_tables["holdout"],  # TOFU's files: JSON lines at the top
+                            "mmlu/all/test-00000-of-00001.parquet": synthetic_tables["mmlu"]})
     from_files = task.tables(config("llm-tofu-forget01", **{"llm.data-dir": str(tmp_path)}))
     assert from_files == synthetic_tables
 

@@ -1,19 +1,25 @@
-"""Named tables of the LLM benchmark tasks: from files under ``llm.data-dir``, or generated offline.
+"""Named tables of the LLM benchmark tasks, read from the files the Hugging Face hub publishes.
 
-A table ``NAME`` (which may hold a subfolder, ``raw/forget``) is read from ``NAME.json`` /
-``NAME.jsonl`` / ``NAME.parquet``, else from the Parquet files of folder ``NAME/`` (searched
-recursively, as the hub's exports of ``cais/wmdp`` and ``cais/mmlu`` are laid out) or
-``NAME-*.parquet`` beside it (the hub's ``<split>-00000-of-00001.parquet``). Reading is
-``tasks.llm.data``'s (Hugging Face ``datasets``; nothing is downloaded); a missing table or column
-is a one-line ``ValueError`` naming the folder, the table and the accepted layouts.
+A table is one split of one config of a hub dataset, named ``<config>/<split>`` relative to
+``llm.data-dir`` (``wmdp-bio/test``, ``raw/forget``, ``mmlu/all/test``). ``hf download REPO
+--repo-type dataset --local-dir DIR`` stores such a split as ``<config>/<split>-NNNNN-of-NNNNN.parquet``,
+the layout read here; also read: ``<config>/<split>/*.parquet`` (the hub's automatic Parquet
+export) and one file ``<config>/<split>.parquet`` / ``.json`` / ``.jsonl``. Reading is
+``tasks.llm.data``'s (Hugging Face ``datasets``; nothing is downloaded). A missing table is one
+line naming it, the folder and the command that fetches it; a missing column, one line naming it.
 """
 
 from __future__ import annotations
 
+import glob
 from collections.abc import Sequence
 from pathlib import Path
 
 from tasks.llm.data import _answer_index, _read_table, _require_columns
+
+MMLU_TABLE = "mmlu/all/test"
+MMLU_FETCH = "hf download cais/mmlu --repo-type dataset --include 'all/test-*' --local-dir {dir}/mmlu"
+HUB_SHARD = "-00000-of-00001.parquet"
 
 
 def table_files(data_dir: str | Path, name: str) -> list[Path]:
@@ -22,21 +28,23 @@ def table_files(data_dir: str | Path, name: str) -> list[Path]:
     for suffix in (".json", ".jsonl", ".parquet"):
         if base.with_name(base.name + suffix).is_file():
             return [base.with_name(base.name + suffix)]
-    if base.is_dir():
-        return sorted(p for p in base.rglob("*.parquet") if p.is_file())
-    return sorted(base.parent.glob(f"{base.name}-*.parquet")) if base.parent.is_dir() else []
+    shards = sorted(base.parent.glob(f"{glob.escape(base.name)}-*.parquet")) if base.parent.is_dir() else []
+    if shards:
+        return shards
+    return sorted(base.glob("*.parquet")) if base.is_dir() else []
 
 
 def has_table(data_dir: str | Path, name: str) -> bool:
     return bool(table_files(data_dir, name))
 
 
-def read_table(data_dir: str | Path, name: str, columns: Sequence[str]) -> list[dict]:
-    """The rows of table ``name`` (plain dicts), which must have ``columns``."""
+def read_table(data_dir: str | Path, name: str, columns: Sequence[str], fetch: str) -> list[dict]:
+    """The rows of table ``name`` (plain dicts), which must have ``columns``; ``fetch`` is the command
+    that downloads it (``{dir}`` stands for ``data_dir``), named when the table is missing."""
     files = table_files(data_dir, name)
     if not files:
-        raise ValueError(f"{data_dir}: table {name!r} not found: expected {name}.json, {name}.jsonl, "
-                         f"{name}.parquet, {name}/**/*.parquet or {name}-*.parquet")
+        raise ValueError(f"{data_dir}: table {name!r} not found (expected {name}-*.parquet, {name}/*.parquet or "
+                         f"{name}.parquet/.json/.jsonl); fetch it with: {fetch.format(dir=data_dir)}")
     table = _read_table(files)
     _require_columns(table, columns, str(files[0]))
     rows = table.to_list()

@@ -3,7 +3,8 @@
 The LLM benchmark tasks (``llm-wmdp``, ``llm-muse``) read named tables (``tasks.llm.benchmark_files``);
 without ``llm.data-dir`` they read these generated tables instead, row for row in the public files'
 columns, so both paths go through the same code. ``write_tables`` saves them as the files a
-``llm.data-dir`` holds (one ``NAME.json`` per table), which is how the tests check the loaders.
+``llm.data-dir`` holds: a hub Parquet shard ``<config>/<split>-00000-of-00001.parquet``, or a
+``.json`` file in JSON lines (TOFU's files), which is how the tests check the loaders.
 
 Every word comes from ``tasks.llm.synthetic``'s vocabulary, so the offline tiny model's word-level
 tokenizer never meets an unknown word. The tiny model knows nothing beyond what it is trained on:
@@ -29,6 +30,8 @@ import random
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+
+import datasets
 
 from tasks.llm import synthetic
 
@@ -125,13 +128,19 @@ def muse_tables(num_authors: int, qa_per_author: int, utility_size: int, seed: i
     }
 
 
-def write_tables(folder: str | Path, tables: dict[str, list[dict]]) -> None:
-    """Save each table as ``<folder>/<name>.json`` (a JSON array; ``name`` may hold a subfolder), each
-    written to a temporary file and renamed into place."""
-    for name, rows in tables.items():
-        path = Path(folder) / f"{name}.json"
+def write_tables(folder: str | Path, files: dict[str, list[dict]]) -> None:
+    """Save each table of ``files`` (a path relative to ``folder`` -> its rows) in the format its
+    suffix names: ``.parquet`` (one Parquet file, as the hub's shards) or ``.json`` (JSON lines);
+    each is written to a temporary file and renamed into place."""
+    for name, rows in files.items():
+        path = Path(folder) / name
+        if path.suffix not in (".parquet", ".json"):
+            raise ValueError(f"{path}: write_tables writes .parquet or .json files")
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".json")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=path.suffix)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(rows, handle)
+            if path.suffix == ".json":
+                handle.writelines(json.dumps(row) + "\n" for row in rows)
+        if path.suffix == ".parquet":
+            datasets.Dataset.from_list(list(rows)).to_parquet(tmp)
         os.replace(tmp, path)

@@ -147,7 +147,8 @@ def load_tofu_split(data_dir: str | Path, split: str) -> list[dict]:
     files = _split_files(data_dir, split)
     if not files:
         raise ValueError(f"TOFU split {split!r} not found in {data_dir}: expected {split}.json, "
-                         f"{split}.jsonl, {split}.parquet or {split}/*.parquet (save locuslab/TOFU there)")
+                         f"{split}.jsonl, {split}.parquet or {split}/*.parquet; fetch it with: hf download "
+                         f"locuslab/TOFU --repo-type dataset --local-dir {data_dir}")
     return qa_records(_read_table(files), str(files[0]), perturbed=split.endswith("_perturbed"),
                       first_author=_first_author(split),
                       columns=PUBLIC_PERTURBED_COLUMNS if split in PUBLIC_PERTURBED_SPLITS else None)

@@ -1,17 +1,20 @@
 """``llm-muse``: the FIRM paper's MUSE-Books federation (sec. 5.1, 5.4) — book passages on forget clients.
 
-Data (``tasks.llm.benchmark_files``), MUSE-Books' layout (``muse-bench/MUSE-Books``: configs as
-folders, splits as tables): ``raw/forget``, ``raw/retain1``, ``raw/holdout`` (column ``text``),
-``knowmem/forget_qa`` and ``knowmem/retain_qa`` (``question``, ``answer``), ``verbmem/forget``
-(``prompt``, ``gt``), and ``mmlu`` for utility (``question``, ``choices``, ``answer``); without
-``llm.data-dir``, synthetic tables in the same columns (``tasks.llm.benchmark_synthetic``).
+Data (``tasks.llm.benchmark_files``): ``muse-bench/MUSE-Books`` downloaded into ``llm.data-dir``,
+its tables ``<config>/<split>``: ``raw/forget``, ``raw/retain1``, ``raw/holdout`` (column ``text``:
+whole books), ``knowmem/forget_qa`` and ``knowmem/retain_qa`` (``question``, ``answer``),
+``verbmem/forget`` (``prompt``, ``gt``); and ``cais/mmlu``'s ``mmlu/all/test`` for utility
+(``question``, ``choices``, ``answer``). Without ``llm.data-dir``, synthetic tables in the same
+columns (``tasks.llm.benchmark_synthetic``).
 
+Passages: each ``raw`` text is cut at word boundaries into passages of at most 4096 characters (the
+paper: passages of about 4,096 characters from the raw splits; a shorter text is one passage).
 Dealing over ``n`` clients: the forget passages, shuffled with the seed, are cut into ``n - 1``
 contiguous near-equal shards, one per forget client (the paper: three), all of domain ``books``;
-client ``n - 1``, the retain client, holds ``raw/retain1``. A passage trains as one QA pair: its
-first sentence (at most 32 words) as the prompt, the rest as the answer (cut at 64 tokens, the
-task's sequence length). On synthetic data the retain client also trains on the ``mmlu``
-questions: the offline tiny model has no general knowledge for utility to measure otherwise.
+client ``n - 1``, the retain client, holds the passages of ``raw/retain1``. A passage trains as one
+QA pair: its first sentence (at most 32 words) as the prompt, the rest as the answer (cut at 64
+tokens, the task's sequence length). On synthetic data the retain client also trains on the
+``mmlu`` questions: the offline tiny model has no general knowledge for utility to measure otherwise.
 
 Metrics (MUSE's, ROUGE-L as recall like the TOFU metrics, greedy generation):
 
@@ -19,7 +22,7 @@ Metrics (MUSE's, ROUGE-L as recall like the TOFU metrics, greedy generation):
   also ``forget_acc``); ``knowmem_retain_rouge`` on ``knowmem/retain_qa`` (also ``retain_acc``);
 * ``verbmem_rouge`` — VerbMem: the model continues each ``verbmem/forget`` prompt, scored against ``gt``;
 * ``mia_min_k`` — min-k% AUC of forget passages (each forget client scores its own shard) against
-  ``raw/holdout`` passages, and ``privleak`` — MUSE's PrivLeak, that AUC relative to the retrain
+  the passages of ``raw/holdout``, and ``privleak`` — MUSE's PrivLeak, that AUC relative to the retrain
   model's (``tasks.llm.metrics.privleak``: 0 for retrain, negative when the forget passages still
   look like training data);
 * ``utility`` — log-likelihood multiple-choice accuracy on ``mmlu``.
@@ -36,7 +39,13 @@ import random
 from typing import ClassVar
 
 from core.config import Config
-from tasks.llm.benchmark_files import as_training_records, multiple_choice, read_table
+from tasks.llm.benchmark_files import (
+    MMLU_FETCH,
+    MMLU_TABLE,
+    as_training_records,
+    multiple_choice,
+    read_table,
+)
 from tasks.llm.benchmark_synthetic import first_sentence_split, muse_tables
 from tasks.llm.benchmark_task import BenchmarkTask, shards
 from tasks.llm.federation_data import LLMClientData
@@ -46,6 +55,9 @@ from tasks.llm.wmdp import MC_COLUMNS, multiple_choice_hits, ratio
 COLUMNS = {"raw/forget": ("text",), "raw/retain1": ("text",), "raw/holdout": ("text",),
            "knowmem/forget_qa": ("question", "answer"), "knowmem/retain_qa": ("question", "answer"),
            "verbmem/forget": ("prompt", "gt"), "mmlu": MC_COLUMNS}
+FILES = {**{name: name for name in COLUMNS if name != "mmlu"}, "mmlu": MMLU_TABLE}
+MUSE_FETCH = "hf download muse-bench/MUSE-Books --repo-type dataset --local-dir {dir}"
+PASSAGE_CHARS = 4096
 DOMAIN = "books"
 SYNTHETIC_NEW_TOKENS = 24
 FILE_NEW_TOKENS = {"knowmem": 32, "verbmem": 128}
@@ -53,9 +65,23 @@ PUBLIC = {"knowmem-forget": "knowmem/forget_qa", "knowmem-retain": "knowmem/reta
           "holdout": "raw/holdout", "utility": "mmlu"}
 
 
+def passages(text: str, size: int = PASSAGE_CHARS) -> list[str]:
+    """``text`` cut at word boundaries into pieces of at most ``size`` characters (a longer word stays whole)."""
+    pieces: list[list[str]] = []
+    length = 0
+    for word in text.split():
+        if not pieces or length + 1 + len(word) > size:
+            pieces.append([])
+            length = -1
+        pieces[-1].append(word)
+        length += 1 + len(word)
+    return [" ".join(words) for words in pieces]
+
+
 def passage_records(rows: list[dict]) -> list[dict]:
-    """Passages (``{text}``) as QA records: first sentence -> the rest (module docstring)."""
-    return [dict(zip(("question", "answer"), first_sentence_split(row["text"]))) for row in rows]
+    """Raw texts (``{text}``) as QA records, one per passage: first sentence -> the rest (module docstring)."""
+    return [dict(zip(("question", "answer"), first_sentence_split(piece)))
+            for row in rows for piece in passages(row["text"])]
 
 
 def _new_tokens(cfg: Config, kind: str) -> int:
@@ -95,7 +121,8 @@ class MUSETask(BenchmarkTask):
         if not folder:
             rows = muse_tables(cfg["llm.num-authors"], cfg["llm.qa-per-author"], cfg["llm.synthetic-size"], cfg["seed"])
         else:
-            rows = {name: read_table(folder, name, columns) for name, columns in COLUMNS.items()}
+            rows = {name: read_table(folder, FILES[name], columns, MMLU_FETCH if name == "mmlu" else MUSE_FETCH)
+                    for name, columns in COLUMNS.items()}
         rows["mmlu"] = multiple_choice(rows["mmlu"], "mmlu")
         return rows
 

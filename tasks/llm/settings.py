@@ -28,7 +28,7 @@ LLM_SETTINGS: tuple[Setting, ...] = (
         "(200 on TOFU files as TOFU/open-unlearning, 16 on synthetic authors)", at_least(0)),
     setting("llm.eval-batch-size", int, 32, "evaluation batch size", positive()),
     setting("llm.forget-domains", str, "bio,cyber",
-        "llm-wmdp: comma-separated forget domains, each read from wmdp-<domain> in llm.data-dir (or synthetic)"),
+        "llm-wmdp: comma-separated forget domains, each read from wmdp-<domain>/test (cais/wmdp) in llm.data-dir (or synthetic)"),
     setting("llm.retain-size", int, 600, "llm-wmdp / llm-tofu-forget01: questions (MMLU) or QA pairs (retain90) "
         "the one retain client trains on, drawn with the seed", positive()),
     setting("llm.synthetic-size", int, 40, "llm-wmdp / llm-muse / llm-tofu-forget01 offline data: multiple-choice "

@@ -2,11 +2,13 @@
 
 Data: TOFU's ``forget01`` and ``retain90`` splits (``tasks.llm.data``; perturbed answers joined in
 from the ``*_perturbed`` splits), its public sets (real authors, world facts, ``holdout01``, as
-``llm-tofu`` reads them) and an optional ``mmlu`` table (``question``, ``choices``, ``answer``) for
-utility. Without ``llm.data-dir``: ``llm.num-authors`` synthetic authors (``tasks.llm.synthetic``),
-forget01 = the last ``max(1, round(0.01 A))`` authors, retain90 = the first ``A - max(1, round(0.1 A))``
-(TOFU's rule: retain90 leaves out forget10, which holds forget01), a synthetic holdout of as many
-authors as forget01, and a synthetic ``mmlu`` of ``llm.synthetic-size`` questions.
+``llm-tofu`` reads them: ``locuslab/TOFU``'s files, ``forget01.json`` ..., downloaded into
+``llm.data-dir``) and, optional, ``cais/mmlu``'s ``mmlu/all/test`` (``question``, ``choices``,
+``answer``; ``tasks.llm.benchmark_files``) for utility. Without ``llm.data-dir``:
+``llm.num-authors`` synthetic authors (``tasks.llm.synthetic``), forget01 = the last
+``max(1, round(0.01 A))`` authors, retain90 = the first ``A - max(1, round(0.1 A))`` (TOFU's rule:
+retain90 leaves out forget10, which holds forget01), a synthetic holdout of as many authors as
+forget01, and a synthetic ``mmlu`` of ``llm.synthetic-size`` questions.
 
 Dealing over ``n`` clients: forget01's QA pairs, shuffled with the seed, are cut into ``n - 1``
 contiguous near-equal shards (the paper: five clients, 40 pairs), all of domain ``forget01``;
@@ -30,6 +32,8 @@ from typing import ClassVar
 from core.config import Config
 from tasks.llm import synthetic
 from tasks.llm.benchmark_files import (
+    MMLU_FETCH,
+    MMLU_TABLE,
     as_training_records,
     has_table,
     multiple_choice,
@@ -68,8 +72,8 @@ class TOFUForget01Task(BenchmarkTask):
             tables = {"forget01": join_perturbed(folder, load_tofu_split(folder, "forget01")),
                       "retain90": join_perturbed(folder, load_tofu_split(folder, "retain90")),
                       **tofu_public_sets(folder, 0.01)}
-            tables["mmlu"] = (multiple_choice(read_table(folder, "mmlu", MC_COLUMNS), "mmlu")
-                              if has_table(folder, "mmlu") else [])
+            tables["mmlu"] = (multiple_choice(read_table(folder, MMLU_TABLE, MC_COLUMNS, MMLU_FETCH), "mmlu")
+                              if has_table(folder, MMLU_TABLE) else [])
             return tables
         records = synthetic.fictitious_authors(cfg["llm.num-authors"], cfg["llm.qa-per-author"], seed=cfg["seed"])
         authors = authors_in_order(records)

@@ -1,9 +1,11 @@
 """``llm-wmdp``: the FIRM paper's WMDP federation (sec. 5.1) — forget domains on forget clients, one retain client on MMLU.
 
-Data (``tasks.llm.benchmark_files``): one multiple-choice table per forget domain, ``wmdp-<domain>``
-for each name in ``llm.forget-domains`` (``cais/wmdp``'s ``wmdp-bio``, ``wmdp-cyber``, ``wmdp-chem``),
-and ``mmlu`` (``cais/mmlu``), columns ``question``, ``choices``, ``answer`` (index or letter); without
-``llm.data-dir``, synthetic tables in the same columns (``tasks.llm.benchmark_synthetic``).
+Data (``tasks.llm.benchmark_files``): the test split of ``cais/wmdp``'s config ``wmdp-<domain>``
+for each name in ``llm.forget-domains`` (``bio``, ``cyber``, ``chem``: table ``wmdp-<domain>/test``,
+the repo downloaded into ``llm.data-dir``) and the test split of ``cais/mmlu``'s config ``all``
+(table ``mmlu/all/test``, that repo downloaded into ``mmlu/``), columns ``question``, ``choices``,
+``answer`` (index or letter); without ``llm.data-dir``, synthetic tables in the same columns
+(``tasks.llm.benchmark_synthetic``).
 
 Dealing over ``n`` clients (the paper: 3 + 3 forget clients, one retain client): forget client ``j``
 (``j < n - 1``) takes domain ``j mod D`` of the ``D`` domains, and a domain's questions, shuffled
@@ -29,6 +31,8 @@ from typing import ClassVar
 
 from core.config import Config, ConfigError
 from tasks.llm.benchmark_files import (
+    MMLU_FETCH,
+    MMLU_TABLE,
     as_scored_questions,
     as_training_records,
     multiple_choice,
@@ -41,6 +45,12 @@ from tasks.llm.task import LLMTask
 
 MC_COLUMNS = ("question", "choices", "answer")
 UTILITY_TABLE = "mmlu"
+WMDP_FETCH = "hf download cais/wmdp --repo-type dataset --local-dir {dir}"
+
+
+def table_file(name: str) -> str:
+    """Where table ``name`` (``wmdp-<domain>`` or ``mmlu``) lies under ``llm.data-dir``."""
+    return MMLU_TABLE if name == UTILITY_TABLE else f"{name}/test"
 
 
 def domains_of(cfg: Config) -> list[str]:
@@ -87,8 +97,9 @@ class WMDPTask(BenchmarkTask):
         if not folder:
             rows = wmdp_tables(domains, cfg["llm.synthetic-size"], cfg["seed"])
         else:
-            rows = {name: read_table(folder, name, MC_COLUMNS) for name in (*(f"wmdp-{d}" for d in domains),
-                                                                             UTILITY_TABLE)}
+            rows = {name: read_table(folder, table_file(name), MC_COLUMNS,
+                                     MMLU_FETCH if name == UTILITY_TABLE else WMDP_FETCH)
+                    for name in (*(f"wmdp-{d}" for d in domains), UTILITY_TABLE)}
         return {name: multiple_choice(table, name) for name, table in rows.items()}
 
     def views(self, cfg: Config, tables: dict[str, list[dict]], num_clients: int) -> list[LLMClientData]:

@@ -142,28 +142,6 @@ def test_load_qa_file_keeps_author_and_key_fact_columns(tmp_path):
     assert data.load_qa_file(tmp_path / "mine.jsonl", perturbed=True) == records
 
 
-def test_load_multiple_choice_wmdp_folder_and_mmlu_letters(tmp_path):
-    folder = tmp_path / "wmdp-bio"
-    folder.mkdir()
-    rows = [{"question": f"q{i}", "choices": ["a", "b", "c", "d"], "answer": i % 4} for i in range(6)]
-    datasets.Dataset.from_list(rows).to_parquet(str(folder / "test-00000-of-00001.parquet"))
-    loaded = data.load_multiple_choice(tmp_path / "wmdp-bio")
-    assert [r["answer"] for r in loaded] == [0, 1, 2, 3, 0, 1]
-    _write_json_lines(tmp_path / "mmlu.jsonl", [{"question": "q", "subject": "x", "choices": ["a", "b", "c"], "answer": "C"}])
-    assert data.load_multiple_choice(tmp_path / "mmlu.jsonl")[0]["answer"] == 2
-
-
-def test_load_multiple_choice_rejects_bad_files(tmp_path):
-    _write_json_lines(tmp_path / "nochoices.jsonl", [{"question": "q", "answer": 0}])
-    with pytest.raises(ValueError, match=r"nochoices\.jsonl.*'choices'"):
-        data.load_multiple_choice(tmp_path / "nochoices.jsonl")
-    _write_json_lines(tmp_path / "range.jsonl", [{"question": "q", "choices": ["a", "b"], "answer": 2}])
-    with pytest.raises(ValueError, match="outside"):
-        data.load_multiple_choice(tmp_path / "range.jsonl")
-    with pytest.raises(ValueError, match="not found"):
-        data.load_multiple_choice(tmp_path / "absent")
-
-
 def test_as_multiple_choice_points_at_the_true_answer():
     records = synthetic.fictitious_authors(3, 4, seed=5)
     questions = data.as_multiple_choice(records, seed=0)

@@ -44,7 +44,6 @@ QA_COLUMNS = ("question", "answer")
 PERTURBED_COLUMNS = ("question", "answer", "paraphrased_answer", "perturbed_answer")
 PUBLIC_PERTURBED_COLUMNS = ("question", "answer", "perturbed_answer")
 PUBLIC_PERTURBED_SPLITS = ("real_authors_perturbed", "world_facts_perturbed")
-MULTIPLE_CHOICE_COLUMNS = ("question", "choices", "answer")
 TOFU_AUTHORS = 200
 TOFU_QA_PER_AUTHOR = 20
 _SUFFIXES = (".json", ".jsonl", ".parquet")
@@ -177,28 +176,6 @@ def _answer_index(value, num_choices: int, source: str) -> int:
     if not 0 <= index < num_choices:
         raise ValueError(f"{source}: answer {value!r} is outside the {num_choices} choices")
     return index
-
-
-def load_multiple_choice(path: str | Path) -> list[dict]:
-    """``{question, choices, answer}`` records (answer = option index) from a WMDP/MMLU-format file or folder."""
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix in _SUFFIXES and p.is_file())
-    else:
-        files = [path] if path.is_file() else []
-    if not files:
-        raise ValueError(f"multiple-choice data {path} not found (a .parquet/.json/.jsonl file or a folder of them)")
-    table = _read_table(files)
-    source = str(path)
-    _require_columns(table, MULTIPLE_CHOICE_COLUMNS, source)
-    records = []
-    for row in table.to_list():
-        choices = [str(choice) for choice in row["choices"]]
-        if len(choices) < 2:
-            raise ValueError(f"{source}: question {row['question'][:40]!r} has fewer than 2 choices")
-        records.append({"question": row["question"], "choices": choices,
-                        "answer": _answer_index(row["answer"], len(choices), source)})
-    return records
 
 
 def as_multiple_choice(records: Sequence[dict], seed: int) -> list[dict]:

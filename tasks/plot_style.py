@@ -3,7 +3,7 @@
 
 - A method has the colour and marker it declares (``MethodSpec.style``: the caller passes ``styles``,
   method -> (colour, marker)), drawn solid; colours are strong (none pale) and pairwise distinct.
-- A recipe variant (``"lethe (lethe-robust)"``) keeps its method's colour and marker shape, drawn
+- A recipe variant (``"METHOD (RECIPE)"``) keeps its method's colour and marker shape, drawn
   dash-dotted or dotted with hollow markers (``paper`` is the method itself).
 - A marked run (validity flagged, or not carried out) is drawn dashed, whatever else it is.
 - A name without a declared style gets a colour and marker picked by a stable hash of the name (the
@@ -37,7 +37,7 @@ MARKED_LINESTYLE = "--"  # a flagged run or one not carried out
 #: the features plot: retained points grey, forget points red.
 RETAINED_COLOUR = "#7f7f7f"
 FORGET_COLOUR = "#d62728"
-#: the original model's reference line in a KR plot (retrain's is retrain's own style).
+#: the original model's reference line in a KR plot (the reference methods draw in their own styles).
 ORIGINAL_COLOUR = "#555555"
 
 _LABEL = re.compile(r"^\s*(?P<method>[^()]+?)\s*(?:\((?P<recipe>[^()]*)\))?\s*$")
@@ -48,7 +48,7 @@ def _stable(name: str) -> int:
 
 
 def split_label(label: str) -> tuple[str, str]:
-    """``"lethe (lethe-robust)"`` -> ``("lethe", "lethe-robust")``; ``"lethe"`` -> ``("lethe", "paper")``."""
+    """``"METHOD (RECIPE)"`` -> ``("METHOD", "RECIPE")``; ``"METHOD"`` -> ``("METHOD", "paper")``."""
     match = _LABEL.match(label or "")
     if not match:
         return (label or "?").strip(), PAPER

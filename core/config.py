@@ -188,8 +188,8 @@ def valid(setting: Setting, raw: Any) -> Any:
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested tables as dotted keys, as Flower flattens a run config: ``{"lethe": {"gamma": 0.2}}`` ->
-    ``{"lethe.gamma": 0.2}``."""
+    """Nested tables as dotted keys, as Flower flattens a run config: ``{"method": {"key": 0.2}}`` ->
+    ``{"method.key": 0.2}``."""
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         name = f"{prefix}.{key}" if prefix else key

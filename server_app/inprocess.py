@@ -107,7 +107,7 @@ def run_inprocess(run_config: dict, num_clients: int, **grid_options) -> str:
 
 def parse_overrides(text: str) -> dict:
     """``"k1=v1 k2='s' table.k3=1"`` -> dict, with TOML value syntax like ``flwr run --run-config``; a
-    dotted key stays one dotted key (``lethe.gamma``), as Flower flattens it."""
+    dotted key stays one dotted key (``table.key``), as Flower flattens it."""
     import shlex
 
     import tomllib

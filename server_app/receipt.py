@@ -22,11 +22,11 @@ one entry per request; :func:`build_receipt` reads either. An entry's ``model_fi
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 
 from core.files import sha256_of, write_text
+from server_app.report import replace_nonfinite
 
 NAME = "receipt.json"
 FORMAT = 1
@@ -105,21 +105,11 @@ def build_receipt(results: dict, folder: str) -> dict:
             "requests": [_entry(part, results) for part in parts]}
 
 
-def _finite_or_text(value):
-    """JSON has no inf or NaN: a setting of ``inf`` (no DP noise, no projection) is written ``"inf"``."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _finite_or_text(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite_or_text(v) for v in value]
-    return value
-
-
 def write_receipt(folder: str, results: dict) -> str:
     """Write ``folder/receipt.json`` (atomically, after results.json so it holds its hash); its path."""
     path = os.path.join(folder, NAME)
-    write_text(path, json.dumps(_finite_or_text(build_receipt(results, folder)), indent=2, allow_nan=False))
+    # a setting of inf (no DP noise, no projection) is written "inf"
+    write_text(path, json.dumps(replace_nonfinite(build_receipt(results, folder), str), indent=2, allow_nan=False))
     return path
 
 

@@ -75,20 +75,22 @@ def run_folder(outputs_dir: str, cfg: dict) -> str:
             attempt += 1
 
 
-def _clean(value):
-    """JSON has no NaN: write null for a figure that could not be measured."""
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
+def replace_nonfinite(value, replacement):
+    """``value`` with every non-finite float (JSON has no NaN or inf) replaced by ``replacement(it)``,
+    through nested dicts and lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return replacement(value)
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: replace_nonfinite(v, replacement) for k, v in value.items()}
     if isinstance(value, list):
-        return [_clean(v) for v in value]
+        return [replace_nonfinite(v, replacement) for v in value]
     return value
 
 
 def write_results(folder: str, results: dict) -> str:
     path = os.path.join(folder, "results.json")
-    write_text(path, json.dumps(_clean(results), indent=2, sort_keys=False))
+    # a figure that could not be measured is written null
+    write_text(path, json.dumps(replace_nonfinite(results, lambda _: None), indent=2, sort_keys=False))
     return path
 
 

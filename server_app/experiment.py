@@ -50,6 +50,11 @@ log = logging.getLogger("fedunlearn")
 MODEL_PHASES = {"original": "pretrain", "retrain": "retrain", "unlearned": "unlearn", "continued": "continue"}
 
 
+def saw_fewer_clients(fed: Federation, models: Iterable[str] = tuple(MODEL_PHASES)) -> dict[str, list[dict]]:
+    """``models`` whose phase lost a node, each with the nodes it missed (results.json ``saw_fewer_clients``)."""
+    return {model: fed.missed(MODEL_PHASES[model]) for model in models if fed.missed(MODEL_PHASES[model])}
+
+
 class Experiment:
     """Holds the federation, config and clock of one run; each phase is a method."""
 
@@ -405,8 +410,7 @@ class Experiment:
             "resurfacing": resurfacing,
             "validity": checks,
             "failures": [failure for cost in self.fed.costs.values() for failure in cost.failures],
-            "saw_fewer_clients": {model: self.fed.missed(phase) for model, phase in MODEL_PHASES.items()
-                                  if self.fed.missed(phase)},
+            "saw_fewer_clients": saw_fewer_clients(self.fed),
             "cost": {**{name: self.fed.cost(name).as_dict()
                         for name in ("pretrain", "retrain", "unlearn", "continue", "evaluate")},
                      **{name: cost.as_dict() for name, cost in self.fed.costs.items() if name == "verify"},

@@ -12,9 +12,10 @@ its ``models`` (``start``: the model it started from, ``unlearned``, ``continued
 that stacks its plug-ins ``restored``: the stream's last model with this request's plug-ins removed
 alone, its ``forget_acc_by_request`` showing what stays removed), its ``resurfacing`` (its own KR
 curve, and ``after``: its forget accuracy measured after this and every later phase), ``cost``,
-``validity`` and ``model_files``. The run's single-request keys (``models``, ``resurfacing``,
+``validity``, ``saw_fewer_clients`` (its models whose phase lost a node) and ``model_files``. The run's single-request keys (``models``, ``resurfacing``,
 ``validity``, ``method``) are the last request's (``models.original``: the model it started from);
-``cost`` sums every request's phases.
+``cost`` sums every request's phases; ``saw_fewer_clients`` names the original and every request's models
+that lost a node (``request k unlearned``).
 """
 
 from __future__ import annotations
@@ -149,8 +150,11 @@ class Stream:
                           num_classes=exp.cfg.num_classes, diverged_at_round=diverged_at)
         nxt = continued if continued is not None else result.model
         self.measure_earlier(index, {"unlearn": result.model, "continue": continued})
+        from server_app.experiment import saw_fewer_clients
+
         self.entries.append({"request": asked, "method": result.details,
                              "models": models, "resurfacing": resurfacing, "validity": checks,
+                             "saw_fewer_clients": saw_fewer_clients(fed, ("retrain", "unlearned", "continued")),
                              "cost": {name: c.as_dict() for name, c in fed.costs.items()},
                              "kept": {"unlearned": result.model, **({"continued": continued} if continued else {})}})
         for name, part in fed.costs.items():
@@ -211,6 +215,8 @@ class Stream:
         return self.report(original, restored)
 
     def report(self, original: ModelState, restored: dict[int, ModelState]) -> str:
+        from server_app.experiment import saw_fewer_clients
+
         exp = self.exp
         cfg = self.base.as_dict()
         folder = run_folder(cfg["outputs-dir"], {**cfg, "scenario": "stream"})
@@ -243,6 +249,9 @@ class Stream:
             "resurfacing": last["resurfacing"],
             "validity": last["validity"],
             "failures": [failure for cost in self.fed.costs.values() for failure in cost.failures],
+            "saw_fewer_clients": {**saw_fewer_clients(self.fed, ("original",)),
+                                  **{f"request {index} {model}": missed for index, entry in enumerate(self.entries, 1)
+                                     for model, missed in entry["saw_fewer_clients"].items()}},
             "cost": {**costs, "built": exp.built_cost},
             "method": last["method"],
             "model_files": model_files,

@@ -259,6 +259,17 @@ def test_degraded_pretraining_is_recorded_and_not_cached(tmp_path):
     assert clean["cost"]["pretrain"]["rounds"] == 2 and clean["cost"]["pretrain"]["degraded"] is False
 
 
+def test_a_stream_names_each_requests_models_that_saw_fewer_clients(tmp_path):
+    results = _run(_config(tmp_path, requests="class:3;class:5"), fail_nodes=[1])
+    lost = {"client_id": 1, "node_id": 1001}
+    each = {"retrain": [{**lost, "rounds": [1, 2]}], "continued": [{**lost, "rounds": [1]}]}
+    for entry in results["requests"]:  # client 1 lost in every training phase; unlearning sent no train
+        assert entry["saw_fewer_clients"] == each
+    assert results["saw_fewer_clients"] == {"original": [{**lost, "rounds": [1, 2]}],
+                                            **{f"request {k} {model}": missed for k in (1, 2)
+                                               for model, missed in each.items()}}
+
+
 def test_swapped_cache_file_is_rejected_and_rebuilt(tmp_path, caplog):
     config = _config(tmp_path, method="retrain")
     first = _run(config)

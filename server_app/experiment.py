@@ -22,7 +22,13 @@ from server_app import cache, history
 from server_app.evaluation import ReceivedModelMeasure, evaluate_models
 from server_app.model_files import load_state_file, match_state, sha256_of, write_models
 from server_app.receipt import request_record, write_receipt
-from server_app.report import append_csv, package_versions, plot_kr_curve, run_folder, write_results
+from server_app.report import (
+    append_csv,
+    package_versions,
+    plot_kr_curve,
+    run_folder,
+    write_results,
+)
 from strategies.common.base import ModelState, UnlearnContext
 from strategies.common.fedavg_rounds import (
     ModelDiverged,

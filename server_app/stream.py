@@ -26,6 +26,7 @@ import time
 
 from flwr.app import ArrayRecord, ConfigRecord
 
+from core.config import ConfigError
 from server_app.evaluation import evaluate_models
 from server_app.model_files import FOLDER, write_model, write_models
 from server_app.receipt import request_record, write_receipt
@@ -40,7 +41,6 @@ from strategies.common.base import ModelState, UnlearnContext
 from strategies.common.fedavg_rounds import require_finite
 from strategies.common.federation import PhaseCost
 from strategies.registry import method_spec
-from core.config import ConfigError
 from tasks.diagnostics import resurfacing_summary
 from tasks.model import PLUGIN_PREFIX
 from tasks.stream import Request, parse_requests, request_config

@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 
+from core.config import ConfigError
 from server_app.experiment import Experiment
 from server_app.inprocess import InProcessGrid
 from strategies.common.federation import Federation
-from core.config import ConfigError
 from strategies.run_config import parse_config
 from tasks.llm.given_model import folder_sha256
 
@@ -104,3 +104,37 @@ def test_a_folder_that_does_not_fit_is_one_line_before_any_node_works(tmp_path, 
         experiment, sent = _experiment(tmp_path, **{"original-model": str(folder)})
         experiment.run()
     assert "\n" not in str(info.value) and not sent
+
+
+def _metrics(results: dict) -> dict:
+    return {k: v for k, v in results["models"]["original"].items() if isinstance(v, float)}
+
+
+@pytest.mark.slow
+def test_a_merged_folder_is_the_same_original_as_its_adapter(tmp_path):
+    """The adapter merged into its base (``merge_and_unload``, saved with its tokenizer) is the run's
+    base with a fresh adapter: the same original's figures as the adapter folder, nothing pretrained,
+    and the oracle's figures listed as missing."""
+    from tasks.llm.model import build_llm
+
+    cfg = parse_config(TINY_LLM)
+    adapter_folder, merged_folder = tmp_path / "adapter", tmp_path / "merged"
+    _trained_adapter_folder(adapter_folder, cfg)
+    model, tokenizer = build_llm(lora_rank=cfg["llm.lora-rank"], lora_alpha=cfg["llm.lora-alpha"], seed=cfg["seed"])
+    model.load_adapter(str(adapter_folder), adapter_name="given")
+    model.set_adapter("given")
+    model.merge_and_unload(adapter_names=["given"]).save_pretrained(str(merged_folder))
+    tokenizer.save_pretrained(str(merged_folder))
+    runs = {}
+    for name, folder in (("adapter", adapter_folder), ("merged", merged_folder)):
+        experiment, _ = _experiment(tmp_path / f"run-{name}", **{"original-model": str(folder), "retrain-oracle": False})
+        with open(os.path.join(experiment.run(), "results.json"), encoding="utf-8") as handle:
+            runs[name] = json.load(handle)
+    merged = runs["merged"]
+    assert merged["cost"]["pretrain"]["rounds"] == 0 and merged["cost"]["retrain"]["rounds"] == 0
+    assert merged["run"]["original_model"]["sha256"] == folder_sha256(str(merged_folder))
+    assert merged["validity"]["missing"] and "retrain" not in merged["models"]
+    adapter_metrics, merged_metrics = _metrics(runs["adapter"]), _metrics(merged)
+    assert adapter_metrics.keys() == merged_metrics.keys() and adapter_metrics
+    for key, value in adapter_metrics.items():
+        assert merged_metrics[key] == pytest.approx(value, abs=1e-3), key

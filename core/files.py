@@ -7,7 +7,8 @@ exclusive ``fcntl.flock`` on ``<path>.lock``, so parallel runs (a sweep on a sha
 read-modify-write one file never lose each other's writes; the lock file is removed on release
 (while still held: a waiter that then locks the removed file sees it is gone and locks afresh), so
 none is left beside the results. ``folder_problem``: why a folder cannot receive files, checked
-before any work so a run never trains and then fails to save. ``sha256_of``: a file's content hash.
+before any work so a run never trains and then fails to save. ``sha256_of``: a file's content hash,
+or a folder's combined hash (``folder_sha256``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import hashlib
 import os
 import tempfile
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Iterator
 
 
@@ -111,9 +113,32 @@ def folder_problem(path: str) -> str | None:
 
 
 def sha256_of(path: str) -> str:
-    """The sha256 of a file's bytes, hex."""
+    """The sha256 of a file's bytes, hex; of a folder, ``folder_sha256``."""
+    if os.path.isdir(path):
+        return folder_sha256(path)
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _files(path: str) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(root, name), path)
+                  for root, _, names in os.walk(path) for name in names)
+
+
+@lru_cache(maxsize=4)
+def _folder_sha256(path: str, stamp: tuple) -> str:
+    lines = "".join(f"{name} {sha256_of(os.path.join(path, name))}\n" for name in _files(path))
+    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+
+def folder_sha256(path: str) -> str:
+    """A folder's sha256: the sha256 of the lines ``<relative path> <sha256 of the file>`` of every
+    file in it, sorted by path; it changes when any file changes, is added or goes. Computed once per
+    content of the folder (its files' sizes and modification times)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    stamp = tuple((name, os.stat(os.path.join(path, name)).st_size, os.stat(os.path.join(path, name)).st_mtime_ns)
+                  for name in _files(path))
+    return _folder_sha256(path, stamp)

@@ -6,7 +6,8 @@ made on its node, ``tasks.forget_ids``), the method with every setting and the r
 of the model before and after and of each plug-in file, the evidence (forget accuracy, MIA
 efficacy, KR against the retrain oracle where it ran, resurfacing under continued training), how to
 undo a reversible method's answer, and its time and bytes. Every file it names comes with its
-sha256, so ``verify`` can tell whether any of them changed since::
+sha256 (a folder, such as an LLM adapter given as ``original-model``, with ``core.files.folder_sha256``),
+so ``verify`` can tell whether any of them changed since::
 
     python -m server_app.receipt verify RESULTS_FOLDER
 
@@ -145,7 +146,7 @@ def verify(folder: str) -> tuple[int, str]:
     files = named_files(receipt)
     for name, expected in files:
         full = name if os.path.isabs(name) else os.path.join(folder, name)
-        if not os.path.isfile(full):
+        if not os.path.exists(full):
             return 1, f"{name}: missing"
         actual = sha256_of(full)
         if actual != expected:

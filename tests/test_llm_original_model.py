@@ -59,6 +59,10 @@ def test_an_adapter_folder_is_the_original_and_nothing_is_pretrained(tmp_path):
 
     kept = read_model(os.path.join(out, results["model_files"]["original"]["path"])).arrays.to_torch_state_dict()
     assert kept.keys() == adapter.keys() and all(torch.equal(kept[k], adapter[k].float()) for k in adapter)
+    from server_app.receipt import verify
+
+    code, line = verify(out)  # the receipt names the given folder by its combined hash
+    assert code == 0, line
 
 
 def test_the_folder_hash_changes_with_any_file(tmp_path):

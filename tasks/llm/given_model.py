@@ -11,16 +11,15 @@
   adapter (LoRA ``B = 0``: exactly the merged model's outputs). Its weights hold the knowledge to
   forget, so no retrain oracle can start from them: such a run needs ``retrain-oracle=false``.
 
-A folder's sha256 is the sha256 of the lines ``<relative path> <sha256 of the file>`` of every file
-in it, sorted by path: a stable combined hash that changes when any file changes, is added or goes.
+A folder's sha256 is ``core.files.folder_sha256``: a combined hash of every file in it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from functools import lru_cache
+
+from core.files import folder_sha256
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
@@ -36,30 +35,6 @@ def folder_kind(path: str) -> str:
         return "merged"
     raise ValueError(f"holds neither {' + '.join(ADAPTER_FILES)} (a PEFT adapter) nor config.json (a merged "
                      "Hugging Face model)")
-
-
-def _files(path: str) -> list[str]:
-    return sorted(os.path.relpath(os.path.join(root, name), path)
-                  for root, _, names in os.walk(path) for name in names)
-
-
-def _file_sha256(path: str) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
-@lru_cache(maxsize=4)
-def _folder_sha256(path: str, stamp: tuple) -> str:
-    lines = "".join(f"{name} {_file_sha256(os.path.join(path, name))}\n" for name in _files(path))
-    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
-
-
-def folder_sha256(path: str) -> str:
-    """The folder's combined sha256 (module docstring); computed once per content of the folder."""
-    path = os.path.abspath(os.path.expanduser(path))
-    stamp = tuple((name, os.stat(os.path.join(path, name)).st_size, os.stat(os.path.join(path, name)).st_mtime_ns)
-                  for name in _files(path))
-    return _folder_sha256(path, stamp)
 
 
 def given_base(cfg) -> str | None:

@@ -67,7 +67,8 @@ class LLMTask(Task):
         return hashlib.sha256(text.encode()).hexdigest()
 
     def cache_key(self, cfg: Config) -> dict:
-        from tasks.llm.given_model import folder_sha256, given_base
+        from core.files import folder_sha256
+        from tasks.llm.given_model import given_base
 
         base = given_base(cfg)  # a merged original-model is the base every cached model is built on
         return {k: cfg[k] for k in (*MODEL_KEYS, *self.task_keys)} | ({"base-sha256": folder_sha256(base)} if base else {})

@@ -139,6 +139,6 @@ def folder_sha256(path: str) -> str:
     file in it, sorted by path; it changes when any file changes, is added or goes. Computed once per
     content of the folder (its files' sizes and modification times)."""
     path = os.path.abspath(os.path.expanduser(path))
-    stamp = tuple((name, os.stat(os.path.join(path, name)).st_size, os.stat(os.path.join(path, name)).st_mtime_ns)
-                  for name in _files(path))
+    stats = {name: os.stat(os.path.join(path, name)) for name in _files(path)}
+    stamp = tuple((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats.items())
     return _folder_sha256(path, stamp)

@@ -10,10 +10,9 @@ import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from core.config import ConfigError
+from core.config import ConfigError, flatten
 from server_app.experiment import Experiment
 from strategies.common.federation import Federation, RunStopped
-from core.config import flatten
 from strategies.run_config import parse_config
 
 log = logging.getLogger("fedunlearn")

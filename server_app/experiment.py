@@ -12,7 +12,6 @@ import os
 import time
 from typing import Any, Iterable
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
 from client_app.state import GIVEN_KEYS
@@ -20,13 +19,20 @@ from core.config import Config, ConfigError
 from core.files import folder_problem
 from server_app import cache, history
 from server_app.evaluation import ReceivedModelMeasure, evaluate_models
-from server_app.model_files import load_state_file, match_state, sha256_of, write_models
+from server_app.model_files import (
+    load_state_file,
+    match_state,
+    same_model,
+    sha256_of,
+    write_models,
+)
 from server_app.receipt import request_record, write_receipt
 from server_app.report import (
     append_csv,
     package_versions,
     plot_kr_curve,
     run_folder,
+    saw_fewer_clients,
     write_results,
 )
 from strategies.common.base import ModelState, UnlearnContext
@@ -51,14 +57,6 @@ from tasks.stream import is_stream
 from tasks.validity import validity
 
 log = logging.getLogger("fedunlearn")
-
-#: the phase that makes each model (results.json ``saw_fewer_clients``: a model whose phase lost a node)
-MODEL_PHASES = {"original": "pretrain", "retrain": "retrain", "unlearned": "unlearn", "continued": "continue"}
-
-
-def saw_fewer_clients(fed: Federation, models: Iterable[str] = tuple(MODEL_PHASES)) -> dict[str, list[dict]]:
-    """``models`` whose phase lost a node, each with the nodes it missed (results.json ``saw_fewer_clients``)."""
-    return {model: fed.missed(MODEL_PHASES[model]) for model in models if fed.missed(MODEL_PHASES[model])}
 
 
 class Experiment:
@@ -234,7 +232,7 @@ class Experiment:
                 log.warning("%s model is degraded (trained while client(s) %s failed): not cached", kind,
                             self.fed.describe(cost.failures[failed_before:]))
             elif self.data_id:
-                if previous is not None and not _same_model(ModelState(previous), ModelState(arrays)):
+                if previous is not None and not same_model(ModelState(previous), ModelState(arrays)):
                     log.warning("%s model trained again for its history differs from the cached one; the cache "
                                 "now holds the new one, which the history belongs to", kind)
                 self.say(f"{kind} model cached at {cache.store(self.cfg, key, arrays, self.built_cost[kind])}")
@@ -373,7 +371,7 @@ class Experiment:
             curve.append(models["continued"]["forget_acc"])
         if "restored" in evaluated:
             models["restored"] = evaluated["restored"]
-            models["restored"]["equals_original"] = _same_model(final["restored"], original)
+            models["restored"]["equals_original"] = same_model(final["restored"], original)
         kr_retrain = retrain_entry["forget_acc"] if oracle else None
         rollback = rollback_tendency(original.arrays.to_torch_state_dict(),
                                      result.model.arrays.to_torch_state_dict(), states) if states else []
@@ -432,9 +430,3 @@ class Experiment:
         plot_kr_curve(folder, resurfacing, f"{cfg['method']} / {cfg['scenario']} / {cfg['task']}")
         self.say(f"results: {path}")
         return folder
-
-
-def _same_model(a: ModelState, b: ModelState) -> bool:
-    """Same plug-ins and bit-identical tensors (what restoring a reversible method must give)."""
-    sa, sb = a.arrays.to_torch_state_dict(), b.arrays.to_torch_state_dict()
-    return a.plugins == b.plugins and sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

@@ -75,6 +75,12 @@ def write_models(folder: str, models: dict[str, ModelState], reversible: bool) -
     return {name: {**entry, "path": os.path.relpath(entry["path"], folder)} for name, entry in written.items()}
 
 
+def same_model(a: ModelState, b: ModelState) -> bool:
+    """Same plug-ins and bit-identical tensors (what restoring a reversible method must give)."""
+    sa, sb = a.arrays.to_torch_state_dict(), b.arrays.to_torch_state_dict()
+    return a.plugins == b.plugins and sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
 def load_state_file(path: str) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file, or of a weights-only PyTorch state dict (``torch.save`` of
     ``model.state_dict()``); ``ValueError`` with one line where it is neither."""

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
 from importlib import metadata
 
 from core.files import atomic_path, locked, write_text
@@ -73,6 +74,15 @@ def run_folder(outputs_dir: str, cfg: dict) -> str:
             return folder
         except FileExistsError:
             attempt += 1
+
+
+#: the phase that makes each model (results.json ``saw_fewer_clients``: a model whose phase lost a node)
+MODEL_PHASES = {"original": "pretrain", "retrain": "retrain", "unlearned": "unlearn", "continued": "continue"}
+
+
+def saw_fewer_clients(fed, models: Iterable[str] = tuple(MODEL_PHASES)) -> dict[str, list[dict]]:
+    """``models`` whose phase lost a node (``fed``: the run's Federation), each with the nodes it missed."""
+    return {model: missed for model in models if (missed := fed.missed(MODEL_PHASES[model]))}
 
 
 def replace_nonfinite(value, replacement):
@@ -181,6 +191,7 @@ def kr_curve_figure(resurfacing: dict, title: str, label: str | None = None, mar
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
+    from strategies.registry import method_styles
     from tasks.plot_style import (
         ORIGINAL_COLOUR,
         label_style,
@@ -189,8 +200,6 @@ def kr_curve_figure(resurfacing: dict, title: str, label: str | None = None, mar
         overlap_style,
         whole_rounds,
     )
-
-    from strategies.registry import method_styles
 
     styles = method_styles()
     curve = [resurfacing["kr_unlearned"]] + list(resurfacing["kr_curve"])

@@ -28,13 +28,14 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from core.config import ConfigError
 from server_app.evaluation import evaluate_models
-from server_app.model_files import FOLDER, write_model, write_models
+from server_app.model_files import FOLDER, same_model, write_model, write_models
 from server_app.receipt import request_record, write_receipt
 from server_app.report import (
     append_csv,
     package_versions,
     plot_kr_curve,
     run_folder,
+    saw_fewer_clients,
     write_results,
 )
 from strategies.common.base import ModelState, UnlearnContext
@@ -119,10 +120,13 @@ class Stream:
         cost.seconds += time.perf_counter() - started
         self.added.append(list(range(len(start.plugins), len(result.model.plugins))))
         self.unlearned.append(result.model)
-        retrain = exp.retrain()
+        final = {"start": start, "unlearned": result.model}
+        if exp.cfg["retrain-oracle"] or result.built == "retrain":
+            final["retrain"] = exp.retrain()
+        else:
+            exp.say("retrain oracle: off (retrain-oracle=false); the figures that compare with it are not given")
         exp.say(f"continue {self.name(index)}: {exp.cfg['continue-rounds']} rounds on the data retained so far")
         continued, curve, _, diverged_at = exp.continue_training(result.model)
-        final = {"start": start, "unlearned": result.model, "retrain": retrain}
         if continued is not None:
             final["continued"] = continued
         evaluated = evaluate_models(fed, exp.cfg, final)
@@ -134,24 +138,21 @@ class Stream:
             if continued is not None:
                 curve.append(models["continued"]["forget_acc"])
         if exp.method.reversible:  # undoing it at once gives the model it started from, bit for bit
-            from server_app.experiment import _same_model
-
-            models["unlearned"]["restore_equals_start"] = _same_model(exp.method.restore(result.model, ctx), start)
-        exp.cfg.task.finish_entries(list(models.values()), evaluated["retrain"])
+            models["unlearned"]["restore_equals_start"] = same_model(exp.method.restore(result.model, ctx), start)
+        retrain = evaluated.get("retrain")  # None without the oracle
+        exp.cfg.task.finish_entries(list(models.values()), retrain or {})
         resurfacing = resurfacing_summary(kr_original=models["start"]["forget_acc"],
                                           kr_unlearned=models["unlearned"]["forget_acc"],
-                                          kr_retrain=evaluated["retrain"]["forget_acc"], kr_curve=curve,
+                                          kr_retrain=retrain["forget_acc"] if retrain else None, kr_curve=curve,
                                           diverged_at_round=diverged_at)
         resurfacing["after"] = [{"request": index, "phase": "unlearn", "forget_acc": models["unlearned"]["forget_acc"]}]
         if "forget_acc" in models["continued"]:
             resurfacing["after"].append({"request": index, "phase": "continue",
                                          "forget_acc": models["continued"]["forget_acc"]})
-        checks = validity(original=models["start"], unlearned=models["unlearned"], retrain=evaluated["retrain"],
+        checks = validity(original=models["start"], unlearned=models["unlearned"], retrain=retrain,
                           num_classes=exp.cfg.num_classes, diverged_at_round=diverged_at)
         nxt = continued if continued is not None else result.model
         self.measure_earlier(index, {"unlearn": result.model, "continue": continued})
-        from server_app.experiment import saw_fewer_clients
-
         self.entries.append({"request": asked, "method": result.details,
                              "models": models, "resurfacing": resurfacing, "validity": checks,
                              "saw_fewer_clients": saw_fewer_clients(fed, ("retrain", "unlearned", "continued")),
@@ -215,8 +216,6 @@ class Stream:
         return self.report(original, restored)
 
     def report(self, original: ModelState, restored: dict[int, ModelState]) -> str:
-        from server_app.experiment import saw_fewer_clients
-
         exp = self.exp
         cfg = self.base.as_dict()
         folder = run_folder(cfg["outputs-dir"], {**cfg, "scenario": "stream"})

@@ -8,10 +8,10 @@ import pytest
 import torch
 from flwr.app import ArrayRecord
 
+from core.config import ConfigError
 from server_app.inprocess import run_inprocess
 from strategies.common.base import ModelState, without_plugins
 from strategies.fedup.filter import FILTER_KIND
-from core.config import ConfigError
 from strategies.run_config import parse_config
 from tasks.registry import task_for
 from tasks.requests import build_client_data
@@ -107,11 +107,9 @@ def test_removing_a_filter_gives_exactly_the_model_without_it():
     assert not any(k.startswith("plugins.2.") for k in state)
 
 
-def _stream(tmp_path, method: str, extra: str = "") -> dict:
+def _stream(tmp_path, method: str, **extra) -> dict:
     run = {"method": method, "smoke": True, "requests": "class:3;class:5", "seed": 3,
-           "cache-dir": str(tmp_path / "cache"), "outputs-dir": str(tmp_path / "out")}
-    if extra:
-        run.update(extra)
+           "cache-dir": str(tmp_path / "cache"), "outputs-dir": str(tmp_path / "out"), **extra}
     folder = run_inprocess(run, 3)
     with open(os.path.join(folder, "results.json")) as handle:
         return json.load(handle) | {"folder": folder}
@@ -152,6 +150,14 @@ def test_a_method_without_plug_ins_runs_each_request_on_the_current_model(tmp_pa
     assert "restored" not in first["models"] and second["request"]["target"] == 5
     assert second["models"]["start"]["forget_acc"] != first["models"]["start"]["forget_acc"]
     assert len(first["resurfacing"]["after"]) == 4 and results["cost"]["pretrain"]["rounds"] >= 1
+
+
+def test_a_stream_without_the_oracle_trains_none_and_says_what_it_cannot_give(tmp_path):
+    results = _stream(tmp_path, "fedup", **{"retrain-oracle": False})
+    assert results["cost"]["retrain"]["rounds"] == 0
+    for entry in results["requests"]:
+        assert entry["resurfacing"]["kr_retrain"] is None
+        assert "resurfacing.kr_retrain" in [m["figure"] for m in entry["validity"]["missing"]]
 
 
 def _trained_digits_model() -> ModelState:

@@ -57,9 +57,19 @@ import torch
 
 from tasks.llm.data import as_multiple_choice
 from tasks.llm.forget_quality import TRUTH_RATIOS_KEY
-from tasks.llm.metrics import (answer_log_probs, answer_token_log_probs, fact_hits, generate_answers,
-                               harmonic_mean, mia_auc, min_k_score, multiple_choice_accuracy,
-                               relative_probabilities, rouge_l_recall, truth_ratios_from_log_probs)
+from tasks.llm.metrics import (
+    answer_log_probs,
+    answer_token_log_probs,
+    fact_hits,
+    generate_answers,
+    harmonic_mean,
+    mia_auc,
+    min_k_score,
+    multiple_choice_accuracy,
+    relative_probabilities,
+    rouge_l_recall,
+    truth_ratios_from_log_probs,
+)
 
 MAX_NEW_TOKENS = {"synthetic": 16, "tofu": 200}
 """Greedy generation length per protocol when ``llm.max-new-tokens`` is 0 (module docstring)."""
@@ -119,7 +129,7 @@ def _normalised(model, tokenizer, questions, answers, batch_size) -> torch.Tenso
     return total / count.clamp(min=1)
 
 
-def _min_k_scores(model, tokenizer, records, batch_size) -> list[float]:
+def min_k_scores(model, tokenizer, records, batch_size) -> list[float]:
     """Min-k% score of every record's answer (open-unlearning scores the answer given the question)."""
     if not records:
         return []
@@ -144,7 +154,7 @@ def score_set(model, tokenizer, records: list[dict], *, reference: str, predicti
     return SetScores(rouge=rouge_l_recall(predictions, [r["answer"] for r in records]),
                      answer_log_prob=answer.tolist(), reference_log_prob=correct.tolist(),
                      perturbed_log_probs=[row.tolist() for row in perturbed],
-                     min_k=_min_k_scores(model, tokenizer, records, batch_size) if with_min_k else [])
+                     min_k=min_k_scores(model, tokenizer, records, batch_size) if with_min_k else [])
 
 
 def _own_set_sums(model, tokenizer, records: list[dict], name: str, *, reference: str, max_new_tokens: int,
@@ -183,7 +193,7 @@ def client_llm_metrics(model, tokenizer, data, *, cfg) -> dict:
                                            max_new_tokens=max_new_tokens, batch_size=batch_size)
             out.update(set_sums(name, score_set(model, tokenizer, records, reference="answer",
                                                 predictions=predictions, batch_size=batch_size)))
-    out["holdout-mink"] = _min_k_scores(model, tokenizer, data.public.get("holdout", []), batch_size)
+    out["holdout-mink"] = min_k_scores(model, tokenizer, data.public.get("holdout", []), batch_size)
     return out
 
 

@@ -99,16 +99,6 @@ def _rouge_sum(model, tokenizer, prompts: list[str], references: list[str], new_
     return float(sum(rouge_l_recall(predictions, references)))
 
 
-def _min_k(model, tokenizer, records: list[dict], size: int) -> list[float]:
-    from tasks.llm.metrics import answer_token_log_probs, min_k_score
-
-    if not records:
-        return []
-    rows = answer_token_log_probs(model, tokenizer, [r["question"] for r in records],
-                                  [r["answer"] for r in records], batch_size=size)
-    return [min_k_score(row.tolist()) for row in rows]
-
-
 class MUSETask(BenchmarkTask):
     """``llm-muse``: see the module docstring and docs/llm.md."""
 
@@ -150,6 +140,8 @@ class MUSETask(BenchmarkTask):
         return views
 
     def client_sums(self, cfg: Config, data, model, tokenizer) -> dict:
+        from tasks.llm.federation_metrics import min_k_scores
+
         size, public = cfg["llm.eval-batch-size"], data.public
         out = {}
         for name in ("knowmem-forget", "knowmem-retain"):
@@ -162,8 +154,8 @@ class MUSETask(BenchmarkTask):
                                           [r["gt"] for r in public["verbmem"]], _new_tokens(cfg, "verbmem"), size)
         out["utility-mc-n"] = len(public["utility"])
         out["utility-mc-hits"] = multiple_choice_hits(model, tokenizer, public["utility"], size)
-        out["forget-mink"] = _min_k(model, tokenizer, data.forget, size)
-        out["holdout-mink"] = _min_k(model, tokenizer, public["holdout"], size)
+        out["forget-mink"] = min_k_scores(model, tokenizer, data.forget, size)
+        out["holdout-mink"] = min_k_scores(model, tokenizer, public["holdout"], size)
         return out
 
     def pool(self, cfg: Config, per_client: list[dict]) -> dict:

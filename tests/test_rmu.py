@@ -11,10 +11,10 @@ import pytest
 import torch
 from tiny_llm import make_batch, tiny_lora
 
+from core.config import ConfigError
 from strategies.objectives.losses import RMULoss
 from strategies.rmu.settings import plan, steered_layer, steering_coeff
 from strategies.rmu.train import rmu_update
-from core.config import ConfigError
 from strategies.run_config import parse_config
 
 RUN = {"rmu.layer": -1, "rmu.update-layers": 3, "rmu.steering-coeff": 0.0, "rmu.alpha": 1200.0, "seed": 5}
@@ -94,6 +94,16 @@ def test_config_needs_down_proj_adapters_and_a_layer_of_the_model():
     with pytest.raises(ConfigError, match="'method'='rmu' needs a task of kind llm"):
         parse_config({"task": "text-minilm", "method": "rmu"})
     assert parse_config({"task": "llm-tofu", "method": "rmu", "rmu.layer": 1})["rmu.layer"] == 1
+
+
+def test_config_checks_the_layer_against_a_merged_original_model(tmp_path):
+    """A merged ``original-model`` is the run's base: ``rmu.layer`` is checked against its layers, not ``llm.model``'s."""
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 4}), encoding="utf-8")
+    run = {"task": "llm-tofu", "method": "rmu", "original-model": str(tmp_path), "retrain-oracle": False}
+    assert parse_config({**run, "rmu.layer": 3})["rmu.layer"] == 3
+    with pytest.raises(ConfigError, match=f"'rmu.layer'=4: model '{tmp_path}' has 4 decoder layers: must be -1 or "
+                                          "in 0..3"):
+        parse_config({**run, "rmu.layer": 4})
 
 
 @pytest.mark.slow

@@ -13,12 +13,14 @@ from strategies.rmu.settings import SETTINGS, UPDATED_MODULE
 
 
 def check(cfg) -> None:
-    """RMU trains ``down_proj`` adapters, and an explicit ``rmu.layer`` must exist (one line, before any work)."""
+    """RMU trains ``down_proj`` adapters, and an explicit ``rmu.layer`` must exist in the run's base model
+    (``llm.model``, or a merged ``original-model``) (one line, before any work)."""
     import json
     import os
 
     from core.config import ConfigError
-    from tasks.llm.federation_model import target_modules
+    from strategies.rmu.settings import steered_layer
+    from tasks.llm.federation_model import base_model, target_modules
     from tasks.llm.model import TINY_LAYERS, TINY_MODEL
 
     if UPDATED_MODULE not in target_modules(cfg):
@@ -26,16 +28,17 @@ def check(cfg) -> None:
                           f"LoRA of {UPDATED_MODULE}: must include {UPDATED_MODULE}")
     if cfg["rmu.layer"] < 0:
         return
-    layers = TINY_LAYERS
-    if cfg["llm.model"] != TINY_MODEL:
-        path = os.path.join(os.path.expanduser(cfg["llm.model"]), "config.json")
+    base, layers = base_model(cfg), TINY_LAYERS
+    if base != TINY_MODEL:
+        path = os.path.join(os.path.expanduser(base), "config.json")
         if not os.path.isfile(path):
             return  # the model's own loading error names the folder
         with open(path, encoding="utf-8") as handle:
             layers = int(json.load(handle).get("num_hidden_layers", cfg["rmu.layer"] + 1))
-    if cfg["rmu.layer"] >= layers:
-        raise ConfigError(f"run-config 'rmu.layer'={cfg['rmu.layer']}: model {cfg['llm.model']!r} has {layers} "
-                          f"decoder layers: must be -1 or in 0..{layers - 1}")
+    try:
+        steered_layer(layers, cfg["rmu.layer"], f"model {base!r}")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 METHODS = (

@@ -46,13 +46,13 @@ class RMUPlan:
     seed: int
 
 
-def steered_layer(num_layers: int, configured: int) -> int:
-    """``configured`` if >= 0 (checked against the model), else ``ceil(L / 4) - 1``."""
-    if num_layers < 1:
-        raise ValueError(f"the model has {num_layers} decoder layers")
+def steered_layer(num_layers: int, configured: int, model: str = "the model") -> int:
+    """``configured`` if >= 0 (checked against the model, named ``model`` in the error), else ``ceil(L / 4) - 1``."""
     if configured >= num_layers:
-        raise ValueError(f"run-config 'rmu.layer'={configured}: the model has {num_layers} decoder layers: "
+        raise ValueError(f"run-config 'rmu.layer'={configured}: {model} has {num_layers} decoder layers: "
                          f"must be -1 or in 0..{num_layers - 1}")
+    if num_layers < 1:
+        raise ValueError(f"{model} has {num_layers} decoder layers")
     if configured >= 0:
         return configured
     return math.ceil(num_layers * (PAPER_LAYER + 1) / PAPER_LAYERS) - 1

@@ -69,9 +69,9 @@ class TOFUForget01Task(BenchmarkTask):
     def tables(self, cfg: Config) -> dict[str, list[dict]]:
         folder = cfg["llm.data-dir"]
         if folder:
-            tables = {"forget01": join_perturbed(folder, load_tofu_split(folder, "forget01")),
-                      "retain90": join_perturbed(folder, load_tofu_split(folder, "retain90")),
+            tables = {"forget01": load_tofu_split(folder, "forget01"), "retain90": load_tofu_split(folder, "retain90"),
                       **tofu_public_sets(folder, 0.01)}
+            join_perturbed(folder, tables["forget01"] + tables["retain90"])  # in place: the perturbed splits read once
             tables["mmlu"] = (multiple_choice(read_table(folder, MMLU_TABLE, MC_COLUMNS, MMLU_FETCH), "mmlu")
                               if has_table(folder, MMLU_TABLE) else [])
             return tables

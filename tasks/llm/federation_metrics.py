@@ -65,7 +65,8 @@ from tasks.llm.metrics import (
     harmonic_mean,
     mia_auc,
     min_k_score,
-    multiple_choice_accuracy,
+    multiple_choice_hits,
+    ratio,
     relative_probabilities,
     rouge_l_recall,
     truth_ratios_from_log_probs,
@@ -165,8 +166,7 @@ def _own_set_sums(model, tokenizer, records: list[dict], name: str, *, reference
                 f"{name}-mc-n": 0, f"{name}-mc-hits": 0}
     choice_questions = as_multiple_choice(records, seed) if all(r.get("perturbed_answer") for r in records) else []
     out: dict = {f"{name}-mc-n": len(choice_questions)}
-    out[f"{name}-mc-hits"] = round(multiple_choice_accuracy(model, tokenizer, choice_questions, batch_size=batch_size)
-                                   * len(choice_questions)) if choice_questions else 0
+    out[f"{name}-mc-hits"] = multiple_choice_hits(model, tokenizer, choice_questions, batch_size=batch_size)
     predictions = generate_answers(model, tokenizer, [r["question"] for r in records],
                                    max_new_tokens=max_new_tokens, batch_size=batch_size)
     with_fact = [(p, r["key_fact"]) for p, r in zip(predictions, records) if r.get("key_fact")]
@@ -197,10 +197,6 @@ def client_llm_metrics(model, tokenizer, data, *, cfg) -> dict:
     return out
 
 
-def _ratio(num: float, den: float) -> float:
-    return float(num) / float(den) if den else math.nan
-
-
 def _utility(values: list[float]) -> float:
     return math.nan if any(math.isnan(v) for v in values) else harmonic_mean(values)
 
@@ -215,18 +211,18 @@ def pool_llm_metrics(per_client: list[dict]) -> dict:
     forget_truth = sum(min(tr, 1.0 / tr) for tr in ratios) / len(ratios) if ratios else math.nan
     kr = 1.0 - forget_truth
     entry = {
-        "forget_fact_acc": _ratio(total["forget-fact-hits"], total["forget-fact-n"]),
-        "retain_fact_acc": _ratio(total["retain-fact-hits"], total["retain-fact-n"]),
-        "forget_rouge": _ratio(total["forget-rouge"], total["forget-n"]),
-        "forget_prob": _ratio(total["forget-prob"], total["forget-n"]),
-        "forget_mc_acc": _ratio(total["forget-mc-hits"], total["forget-mc-n"]),
-        "retain_mc_acc": _ratio(total["retain-mc-hits"], total["retain-mc-n"]),
+        "forget_fact_acc": ratio(total["forget-fact-hits"], total["forget-fact-n"]),
+        "retain_fact_acc": ratio(total["retain-fact-hits"], total["retain-fact-n"]),
+        "forget_rouge": ratio(total["forget-rouge"], total["forget-n"]),
+        "forget_prob": ratio(total["forget-prob"], total["forget-n"]),
+        "forget_mc_acc": ratio(total["forget-mc-hits"], total["forget-mc-n"]),
+        "retain_mc_acc": ratio(total["retain-mc-hits"], total["retain-mc-n"]),
         "forget_truth": forget_truth,
     }
     utility_parts = []
     for name in ("retain", *PUBLIC_SETS):
         key = name.replace("-", "_")
-        measures = {f"{key}_{m}": _ratio(total[f"{name}-{m}"], total[f"{name}-n"]) for m in ("prob", "rouge", "truth")}
+        measures = {f"{key}_{m}": ratio(total[f"{name}-{m}"], total[f"{name}-n"]) for m in ("prob", "rouge", "truth")}
         if name == "retain" or total[f"{name}-n"]:
             entry.update(measures)
         utility_parts.append(list(measures.values()))
@@ -240,7 +236,7 @@ def pool_llm_metrics(per_client: list[dict]) -> dict:
         "mia_min_k": mia_auc([float(v) for c in per_client for v in c.get("forget-mink", [])],
                              [float(v) for c in per_client for v in c.get("holdout-mink", [])]),
         "forget_acc": kr,
-        "retain_acc": _ratio(total["retain-fact-hits"], total["retain-fact-n"]),
+        "retain_acc": ratio(total["retain-fact-hits"], total["retain-fact-n"]),
         "test_acc": math.nan,
         "mia": math.nan,
         "mia_efficacy": math.nan,

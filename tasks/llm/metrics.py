@@ -272,6 +272,18 @@ def multiple_choice_accuracy(model, tokenizer, records: Sequence[dict], *, batch
     return sum(int(s.argmax()) == int(r["answer"]) for s, r in zip(per_question, records)) / len(records)
 
 
+def multiple_choice_hits(model, tokenizer, records: Sequence[dict], *, batch_size: int = 32) -> int:
+    """How many of ``records`` the model answers right (`multiple_choice_accuracy`); 0 for none."""
+    if not records:
+        return 0
+    return round(multiple_choice_accuracy(model, tokenizer, records, batch_size=batch_size) * len(records))
+
+
+def ratio(part: float, whole: float) -> float:
+    """``part / whole``, NaN when ``whole`` is 0 (a pooled fraction of an empty set)."""
+    return float(part) / float(whole) if whole else math.nan
+
+
 def _set_measures(model, tokenizer, records, prefix, *, relative_probability, reference,
                   max_new_tokens, batch_size) -> tuple[dict, torch.Tensor]:
     """ROUGE-L recall, fact accuracy (if facts are known), probability and truth ratios of one set."""

@@ -50,7 +50,7 @@ from tasks.llm.benchmark_synthetic import first_sentence_split, muse_tables
 from tasks.llm.benchmark_task import BenchmarkTask, shards
 from tasks.llm.federation_data import LLMClientData
 from tasks.llm.task import LLMTask
-from tasks.llm.wmdp import MC_COLUMNS, multiple_choice_hits, ratio
+from tasks.llm.wmdp import MC_COLUMNS
 
 COLUMNS = {"raw/forget": ("text",), "raw/retain1": ("text",), "raw/holdout": ("text",),
            "knowmem/forget_qa": ("question", "answer"), "knowmem/retain_qa": ("question", "answer"),
@@ -141,6 +141,7 @@ class MUSETask(BenchmarkTask):
 
     def client_sums(self, cfg: Config, data, model, tokenizer) -> dict:
         from tasks.llm.federation_metrics import min_k_scores
+        from tasks.llm.metrics import multiple_choice_hits
 
         size, public = cfg["llm.eval-batch-size"], data.public
         out = {}
@@ -153,13 +154,13 @@ class MUSETask(BenchmarkTask):
         out["verbmem-rouge"] = _rouge_sum(model, tokenizer, [r["prompt"] for r in public["verbmem"]],
                                           [r["gt"] for r in public["verbmem"]], _new_tokens(cfg, "verbmem"), size)
         out["utility-mc-n"] = len(public["utility"])
-        out["utility-mc-hits"] = multiple_choice_hits(model, tokenizer, public["utility"], size)
+        out["utility-mc-hits"] = multiple_choice_hits(model, tokenizer, public["utility"], batch_size=size)
         out["forget-mink"] = min_k_scores(model, tokenizer, data.forget, size)
         out["holdout-mink"] = min_k_scores(model, tokenizer, public["holdout"], size)
         return out
 
     def pool(self, cfg: Config, per_client: list[dict]) -> dict:
-        from tasks.llm.metrics import mia_auc
+        from tasks.llm.metrics import mia_auc, ratio
 
         def total(key: str) -> float:
             return sum(float(c.get(key, 0)) for c in per_client)

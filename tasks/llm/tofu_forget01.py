@@ -49,7 +49,7 @@ from tasks.llm.federation_data import (
     tofu_public_sets,
 )
 from tasks.llm.task import LLMTask
-from tasks.llm.wmdp import MC_COLUMNS, multiple_choice_hits, ratio, retain_draw
+from tasks.llm.wmdp import MC_COLUMNS, retain_draw
 
 DOMAIN = "forget01"
 
@@ -111,15 +111,17 @@ class TOFUForget01Task(BenchmarkTask):
 
     def client_sums(self, cfg: Config, data, model, tokenizer) -> dict:
         from tasks.llm.federation_metrics import client_llm_metrics
+        from tasks.llm.metrics import multiple_choice_hits
 
         out = client_llm_metrics(model, tokenizer, data, cfg=cfg)
         out["utility-mc-n"] = len(data.public["utility"])
         out["utility-mc-hits"] = multiple_choice_hits(model, tokenizer, data.public["utility"],
-                                                      cfg["llm.eval-batch-size"])
+                                                      batch_size=cfg["llm.eval-batch-size"])
         return out
 
     def pool(self, cfg: Config, per_client: list[dict]) -> dict:
         from tasks.llm.federation_metrics import pool_llm_metrics
+        from tasks.llm.metrics import ratio
 
         entry = pool_llm_metrics(per_client)
         entry["utility"] = ratio(sum(float(c.get("utility-mc-hits", 0)) for c in per_client),

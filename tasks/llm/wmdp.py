@@ -58,19 +58,6 @@ def domains_of(cfg: Config) -> list[str]:
     return [name.strip() for name in cfg["llm.forget-domains"].split(",") if name.strip()]
 
 
-def multiple_choice_hits(model, tokenizer, questions: list[dict], batch_size: int) -> int:
-    """How many of ``questions`` the model answers right (log-likelihood choice)."""
-    from tasks.llm.metrics import multiple_choice_accuracy
-
-    if not questions:
-        return 0
-    return round(multiple_choice_accuracy(model, tokenizer, questions, batch_size=batch_size) * len(questions))
-
-
-def ratio(hits: float, count: float) -> float:
-    return float(hits) / float(count) if count else math.nan
-
-
 def retain_draw(rows: list[dict], size: int, seed: int) -> list[dict]:
     """``size`` rows drawn with ``seed`` (all of them when there are fewer), in table order."""
     chosen = sorted(random.Random(seed).sample(range(len(rows)), min(size, len(rows))))
@@ -132,18 +119,24 @@ class WMDPTask(BenchmarkTask):
         return views
 
     def client_sums(self, cfg: Config, data, model, tokenizer) -> dict:
+        from tasks.llm.metrics import multiple_choice_hits
+
         size = cfg["llm.eval-batch-size"]
         out = {"utility-mc-n": len(data.public["utility"]),
-               "utility-mc-hits": multiple_choice_hits(model, tokenizer, data.public["utility"], size),
+               "utility-mc-hits": multiple_choice_hits(model, tokenizer, data.public["utility"], batch_size=size),
                "retain-mc-n": len(data.retain),
-               "retain-mc-hits": multiple_choice_hits(model, tokenizer, as_scored_questions(data.retain), size)}
+               "retain-mc-hits": multiple_choice_hits(model, tokenizer, as_scored_questions(data.retain),
+                                                      batch_size=size)}
         if data.forget:
             out[f"forget-mc-n.{data.domain}"] = len(data.forget)
             out[f"forget-mc-hits.{data.domain}"] = multiple_choice_hits(model, tokenizer,
-                                                                        as_scored_questions(data.forget), size)
+                                                                        as_scored_questions(data.forget),
+                                                                        batch_size=size)
         return out
 
     def pool(self, cfg: Config, per_client: list[dict]) -> dict:
+        from tasks.llm.metrics import ratio
+
         def total(key: str) -> float:
             return sum(float(c.get(key, 0)) for c in per_client)
 

@@ -23,17 +23,6 @@ from tasks.llm.task import LLMTask
 NOT_APPLICABLE = ("forget-client", "llm.forget-fraction")
 
 
-def shards(items: list, count: int) -> list[list]:
-    """``items`` cut into ``count`` contiguous near-equal parts (the first ``len mod count`` one longer)."""
-    base, extra = divmod(len(items), count)
-    parts, start = [], 0
-    for j in range(count):
-        size = base + (1 if j < extra else 0)
-        parts.append(items[start:start + size])
-        start += size
-    return parts
-
-
 class BenchmarkTask(LLMTask):
     """Base of the benchmark tasks (module docstring); subclasses fill the four hooks below."""
 

@@ -153,6 +153,17 @@ def forget_client_of(cfg) -> int:
     return max(cfg["forget-client"], 0)
 
 
+def shards(items: list, count: int) -> list[list]:
+    """``items`` cut into ``count`` contiguous near-equal parts (the first ``len mod count`` one longer)."""
+    base, extra = divmod(len(items), count)
+    parts, start = [], 0
+    for j in range(count):
+        size = base + (1 if j < extra else 0)
+        parts.append(items[start:start + size])
+        start += size
+    return parts
+
+
 def author_partition(cfg, authors: list[str], num_clients: int) -> tuple[list[list[str]], list[str]]:
     """(authors of each client, forgotten authors) per the module docstring."""
     if len(authors) < num_clients:
@@ -170,13 +181,9 @@ def author_partition(cfg, authors: list[str], num_clients: int) -> tuple[list[li
         sequence = list(authors)
         rng.shuffle(sequence)
         first_client, forgotten = 0, []
-    base, extra = divmod(len(sequence), num_clients)
     parts: list[list[str]] = [[] for _ in range(num_clients)]
-    start = 0
-    for j in range(num_clients):
-        size = base + (1 if j < extra else 0)
-        parts[(first_client + j) % num_clients] = sequence[start:start + size]
-        start += size
+    for j, shard in enumerate(shards(sequence, num_clients)):
+        parts[(first_client + j) % num_clients] = shard
     if cfg["scenario"] == "client":
         forgotten = list(parts[fc])
     return parts, forgotten

@@ -40,12 +40,13 @@ from tasks.llm.benchmark_files import (
     read_table,
 )
 from tasks.llm.benchmark_synthetic import multiple_choice_rows
-from tasks.llm.benchmark_task import BenchmarkTask, shards
+from tasks.llm.benchmark_task import BenchmarkTask
 from tasks.llm.data import load_tofu_split
 from tasks.llm.federation_data import (
     LLMClientData,
     authors_in_order,
     join_perturbed,
+    shards,
     tofu_public_sets,
 )
 from tasks.llm.task import LLMTask

@@ -39,8 +39,8 @@ from tasks.llm.benchmark_files import (
     read_table,
 )
 from tasks.llm.benchmark_synthetic import wmdp_tables
-from tasks.llm.benchmark_task import BenchmarkTask, shards
-from tasks.llm.federation_data import LLMClientData
+from tasks.llm.benchmark_task import BenchmarkTask
+from tasks.llm.federation_data import LLMClientData, shards
 from tasks.llm.task import LLMTask
 
 MC_COLUMNS = ("question", "choices", "answer")

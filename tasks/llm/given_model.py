@@ -58,8 +58,9 @@ def check_adapter_config(cfg, path: str) -> None:
             "llm.target-modules": sorted(target_modules(cfg))}
     for key, value in ours.items():
         given = theirs[key]
-        if (float(given) != float(value)) if key != "llm.target-modules" and given is not None else given != value:
-            raise ValueError(f"is an adapter with {key.removeprefix('llm-')} {given!r}, the run's {key} is {value!r}")
+        numeric = key != "llm.target-modules" and given is not None  # rank 8 and alpha 16.0 match 8 and 16
+        if (float(given) != float(value)) if numeric else given != value:
+            raise ValueError(f"is an adapter with {key} {given!r}, the run's {key} is {value!r}")
 
 
 def read_given(cfg, path: str) -> tuple[dict | None, str]:

@@ -21,7 +21,7 @@ Choices (the paper is silent or our setting differs):
   pretrained adapter with peft's ``merge_and_unload`` and attach a fresh one). A non-zero reference
   adapter is refused in weight space. ``space="lora"`` takes the Fisher with the adapter on instead.
 * Fisher data: the client's own batches, ``fisher_batches`` single sequences in data order (App. C: 20).
-* RMU's steered layer, updated layers and c are the ``rmu`` method's (``rmu-*``, scaled to the model
+* RMU's steered layer, updated layers and c are the ``rmu`` method's (``rmu.*``, scaled to the model
   by ``strategies.rmu.settings``): the down-projections of layers 5-7 on the paper's 7B models.
 
 ``adapter_release`` is what a client of the federation sends in reply to ``query.fisher``: there the
@@ -37,7 +37,13 @@ from collections.abc import Sequence
 
 import torch
 
-from strategies.firm.fisher import SPACES, adapted_weight_names, diagonal_fisher, lora_state, task_vector
+from strategies.firm.fisher import (
+    SPACES,
+    adapted_weight_names,
+    diagonal_fisher,
+    lora_state,
+    task_vector,
+)
 from strategies.objectives.losses import make_objective
 from strategies.rmu.settings import RMUPlan
 from tasks.llm.model import adapter_keys
@@ -81,7 +87,7 @@ def firm_release(
     now). ``batches`` are the client's QA batches (``tasks.llm.train.qa_batches``). ``fisher_model`` is
     the model the Fisher is taken on (``None``: ``model``); for a 4-bit ``model`` pass its full-precision
     copy carrying the same adapter (``strategies.firm.fisher.fisher_reference_model``), as the paper does.
-    ``rmu``: the RMU plan of objective ``rmu`` (``None``: the ``rmu-*`` defaults on this model and ``seed``).
+    ``rmu``: the RMU plan of objective ``rmu`` (``None``: the ``rmu.*`` defaults on this model and ``seed``).
     The upload's tensors are float32 on the CPU and share names and shapes (``space``).
     """
     _check(role, objective, space, epochs, fisher_batches)

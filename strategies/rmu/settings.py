@@ -1,4 +1,4 @@
-"""RMU's run-config keys (``rmu-*``) and the rule that carries the WMDP paper's values to the run's model.
+"""RMU's run-config keys (``rmu.*``) and the rule that carries the WMDP paper's values to the run's model.
 
 The paper's values are for Zephyr-7B (32 decoder layers, hidden size 4096): the output of layer 7
 is steered, the MLP down-projections of layers 5, 6, 7 are updated, c = 6.5, alpha = 1200. On

@@ -30,7 +30,7 @@ def model_plan(cfg, model) -> RMUPlan:
 
 
 def default_plan(model, seed: int) -> RMUPlan:
-    """The plan of the ``rmu-*`` defaults on ``model``, u drawn from ``seed`` (outside a run)."""
+    """The plan of the ``rmu.*`` defaults on ``model``, u drawn from ``seed`` (outside a run)."""
     return plan({**{s.key: s.default for s in SETTINGS}, "seed": seed}, len(decoder_layers(model)),
                 int(model.config.hidden_size))
 

@@ -106,8 +106,9 @@ class TOFUForget01Task(BenchmarkTask):
             if part is None:
                 views.append(LLMClientData(j, [], retain, [], public=mine))
             else:
-                views.append(LLMClientData(j, authors_in_order(part), [], part, forget_authors=authors_in_order(part),
-                                           public=mine, removed_ids=shard, domain=DOMAIN))
+                authors = authors_in_order(part)
+                views.append(LLMClientData(j, authors, [], part, forget_authors=authors, public=mine,
+                                           removed_ids=shard, domain=DOMAIN))
         return views
 
     def client_sums(self, cfg: Config, data, model, tokenizer) -> dict:

@@ -143,12 +143,14 @@ def plot_frontier(path: str, rows: list[dict], bench: Benchmark) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from strategies.registry import method_styles
     from tasks.plot_style import method_colour, method_marker
 
+    styles = method_styles()
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for method in dict.fromkeys(r["method"] for r in rows):
         points = [r for r in rows if r["method"] == method]
-        colour, marker = method_colour(method.lower()), method_marker(method.lower())
+        colour, marker = method_colour(method.lower(), styles), method_marker(method.lower(), styles)
         xs, ys = [_value(r, bench.forget_key) for r in points], [_value(r, "utility") for r in points]
         ax.plot(xs, ys, marker=marker, color=colour, label=method, linestyle="-" if len(points) > 1 else "none")
         for r, x, y in zip(points, xs, ys):
@@ -235,11 +237,8 @@ def run_benchmark(bench: Benchmark, run_config: dict, clients: int, gammas: list
 def render(bench: Benchmark, rows: list[dict]) -> str:
     """The markdown of ``bench``'s tables (module docstring)."""
     firm = [r for r in rows if r["method"] == "FIRM"]
-    sections = []
-    if bench.tables[0] in (1, 3, 4):
-        sweep = [r for r in rows if r["method"] in ("Original", "FIRM", "FULM")]
-        sections.append(f"### Table {bench.tables[0]} ({bench.task}): γ sweep, FIRM-base and FULM\n\n"
-                        + sweep_table(sweep, bench))
+    sweep = [r for r in rows if r["method"] in ("Original", "FIRM", "FULM")]
+    sections = [f"### Table {bench.tables[0]} ({bench.task}): γ sweep, FIRM-base and FULM\n\n" + sweep_table(sweep, bench)]
     if 2 in bench.tables:
         listed = [r for r in rows if r["method"] in ("AVG", "SUM", "TIES")]
         listed += [r for r in firm if r["gamma"] == 1.0] or firm[:1]

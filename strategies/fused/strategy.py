@@ -30,12 +30,24 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord, ConfigRecord
 
-from strategies.common.base import ModelState, UnlearnContext, UnlearnResult, UnlearningMethod
+from strategies.common.base import (
+    ModelState,
+    UnlearnContext,
+    UnlearningMethod,
+    UnlearnResult,
+)
 from strategies.common.fedavg_rounds import RoleFedAvg, run_rounds
 from strategies.common.federation import RunStopped
 from strategies.fused.adapter import ADAPTABLE, ADAPTER_KIND
-from strategies.fused.maths import (DEFAULT_LAYERS, adapter_prefix, critical_layers, layer_sensitivity, merge_adapter,
-                                    remove_adapter, target_layers)
+from strategies.fused.maths import (
+    DEFAULT_LAYERS,
+    adapter_prefix,
+    critical_layers,
+    layer_sensitivity,
+    merge_adapter,
+    remove_adapter,
+    target_layers,
+)
 from tasks.plugins import specs_to_json
 
 
@@ -62,7 +74,7 @@ class FUSED(UnlearningMethod):
     def identify(self, ctx: UnlearnContext, role: str) -> tuple[list[str], dict[str, float]]:
         """Critical-layer identification: one round of local training, layers ranked by ``Diff_l``."""
         cfg, fed = ctx.cfg, ctx.fed
-        layers = [n for n, m in ctx.model_factory([]).named_modules() if isinstance(m, ADAPTABLE)]
+        layers = [n for n, m in cfg.task.model_outline(cfg).named_modules() if isinstance(m, ADAPTABLE)]
         count = cfg["fused.cli-layers"] or len(DEFAULT_LAYERS[cfg.task.arch])
         strategy = RoleFedAvg(fed, role, fraction_train=cfg["fraction-train"], seed=cfg["seed"] + 4)
         config = ConfigRecord({"epochs": cfg["fused.epochs"], "lr": cfg["fused.lr"]})
@@ -81,7 +93,7 @@ class FUSED(UnlearningMethod):
         if cfg["fused.layers"].strip() == "cli":
             targets, sensitivity = self.identify(ctx, role)
         else:
-            targets = target_layers(cfg.task.arch, cfg["fused.layers"], ctx.model_factory([]))
+            targets = target_layers(cfg.task.arch, cfg["fused.layers"], cfg.task.model_outline(cfg))
         spec = {"kind": ADAPTER_KIND, "targets": targets, "r": cfg["fused.rank"], "alpha": cfg["fused.alpha"],
                 "dropout": cfg["fused.dropout"], "seed": cfg["seed"]}
         if ctx.original.plugins:

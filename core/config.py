@@ -222,6 +222,9 @@ def parse(run_config: dict[str, Any], settings: tuple[Setting, ...], leading: tu
     applied = {}
     presets, recipe_keys = fill(values)
     for key, preset in presets.items():
+        if key not in by_key:
+            raise ConfigError(f"a task, method or smoke preset sets unknown run-config key {key!r}; "
+                              "see docs/settings.md")
         if key not in user_set:
             applied[key] = valid(by_key[key], preset)
     for setting in settings:

@@ -28,6 +28,7 @@ from core.config import (POISONS, SCENARIOS, Config, ConfigError, Setting, at_le
 from strategies import registry
 from tasks.recipes import RecipeError, load_recipe, recipe_names
 from tasks.registry import task_for, task_kinds, task_names
+from tasks.stream import check_requests, is_stream
 
 GENERAL_SETTINGS: tuple[Setting, ...] = (
     # what to run
@@ -206,7 +207,7 @@ def _check_combinations(cfg: Config, num_clients: int | None, on_node: bool = Fa
         fitting = ", ".join(registry.methods_for_task(task))
         raise ConfigError(f"run-config 'method'={cfg['method']!r} needs a task of kind {' or '.join(needed)}, not "
                           f"task '{task.name}': for it, method must be one of {fitting}")
-    if cfg["scenario"] not in spec.scenarios and not cfg["requests"].strip():  # a stream checks its own
+    if cfg["scenario"] not in spec.scenarios and not is_stream(cfg):  # a stream checks its own
         raise ConfigError(f"run-config 'scenario'={cfg['scenario']!r} is not supported by method "
                           f"'{cfg['method']}': must be one of {', '.join(spec.scenarios)}")
     if cfg["lr-schedule"] != "constant" and "update-history" in spec.needs:
@@ -220,9 +221,7 @@ def _check_combinations(cfg: Config, num_clients: int | None, on_node: bool = Fa
             task.check_original_model(cfg, os.path.abspath(os.path.expanduser(cfg["original-model"])))
     if spec.check is not None:
         spec.check(cfg)
-    from tasks.stream import check_requests
-
-    if cfg["requests"].strip() and task.kind == "llm":
+    if is_stream(cfg) and task.kind == "llm":
         raise ConfigError(f"run-config 'requests' (a stream of requests) is not supported on task '{task.name}' "
                           "yet: it takes a vision or text task")
     check_requests(cfg, spec.scenarios, cfg.num_classes, num_clients)

@@ -163,6 +163,16 @@ def test_unknown_key_and_wrong_type():
         parse_config({"pretrain-rounds": "many"})
 
 
+def test_a_preset_of_an_unknown_key_is_one_line(monkeypatch):
+    """A task, method or smoke preset naming a key nobody declares is refused like a user's unknown key."""
+    from strategies import run_config
+
+    monkeypatch.setitem(run_config.SMOKE, "no-such-key", 1)
+    with pytest.raises(ConfigError, match="preset sets unknown run-config key 'no-such-key'"):
+        parse_config({"smoke": True})
+    assert "no-such-key" not in parse_config({}).as_dict()
+
+
 def test_coercion_and_inf():
     cfg = parse_config({"lr": 1, "download": "true", "fedup.epsilon": math.inf})
     assert cfg["lr"] == 1.0 and isinstance(cfg["lr"], float)

@@ -104,7 +104,9 @@ class UnlearningMethod:
     def unplug(self, model: ModelState, indices: list[int]) -> ModelState:
         """For a method that ``stacks``: ``model`` without the plug-ins at ``indices`` (one request's),
         the others kept as they are (:func:`without_plugins`)."""
-        raise NotImplementedError(f"method '{self.name}' does not stack its requests' plug-ins")
+        if not self.stacks:
+            raise NotImplementedError(f"method '{self.name}' does not stack its requests' plug-ins")
+        return without_plugins(model, indices)
 
 
 def without_plugins(model: ModelState, indices: list[int]) -> ModelState:

@@ -228,7 +228,7 @@ class Federation:
                               "not_asked": [round_no] if noticed_by == "not-asked" else []})
         return True
 
-    def _track_silence(self, answered: set[int], silent: list[int], gone: list[int] = ()) -> None:
+    def _track_silence(self, answered: set[int], silent: list[int], gone: list[int]) -> None:
         """Count exchanges in a row without a reply; a node reaching ``LOST_AFTER``, or that the SuperLink
         reports gone, is dropped (not asked while the round can do without it); a dropped node that
         answers again is back."""
@@ -276,7 +276,6 @@ class Federation:
         Flower's ``Grid.send_and_receive`` sleeps 3 s between pulls, which on real SuperNodes adds up
         to 3 s to every round (and to a one-shot method's only round); a grid without push/pull (the
         in-process one) keeps its own ``send_and_receive``."""
-        asked = {m.metadata.dst_node_id for m in messages}
         if getattr(self.grid, "in_process", False):
             return [(r.metadata.src_node_id, r) for r in self.grid.send_and_receive(messages, timeout=self.round_timeout)]
         ids = list(self.grid.push_messages(messages))
@@ -287,8 +286,7 @@ class Federation:
         while pending:
             arrived = list(self.grid.pull_messages(pending))
             for reply in arrived:
-                node = sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
-                replies.append((node if node in asked else reply.metadata.src_node_id, reply))
+                replies.append((sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id), reply))
             pending -= {m.metadata.reply_to_message_id for m in arrived}
             if not pending or time.monotonic() >= deadline:
                 break

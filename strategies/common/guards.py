@@ -14,7 +14,7 @@ The pure rules they use live beside the method that applies them (``strategies.l
 
 from __future__ import annotations
 
-from core.config import Setting, at_least, in_range, one_of, positive, setting
+from core.config import Setting, at_least, one_of, positive, setting
 
 INF = float("inf")
 
@@ -49,7 +49,7 @@ GUARD_SETTINGS: tuple[Setting, ...] = (
             "lethe.rectify-rounds (the paper)", positive(), allow_inf=True),
     setting("guard.step-clip", float, 0.0,
             "each rectified update is scaled to at most this x the retain stream's norm (a verify pass first lifts a "
-            "retain stream shorter than 0.1 x the forget stream to that length); 0 = off", at_least(0)),
+            f"retain stream shorter than {VERIFY_LIFT:g} x the forget stream to that length); 0 = off", at_least(0)),
     setting("guard.retain-rise", float, INF,
             "a rectification step after which the retained clients' loss is more than this many nats above their "
             "loss on the starting model is rolled back (a pass's first step is halved first); a restored model "

@@ -165,11 +165,4 @@ class FedUP(FedAvg, UnlearningMethod):
 
     def restore(self, unlearned: ModelState, ctx: UnlearnContext) -> ModelState:
         """Unplug the filter this request added: the model it started from, bit for bit."""
-        index = len(unlearned.plugins) - 1
-        prefix = f"{PLUGIN_PREFIX}{index}."
-        state = {k: v for k, v in unlearned.arrays.to_torch_state_dict().items() if not k.startswith(prefix)}
-        return ModelState(ArrayRecord(state), unlearned.plugins[:-1])
-
-    def unplug(self, model: ModelState, indices: list[int]) -> ModelState:
-        """Unplug the filters at ``indices`` (one request's in a stream), the other filters kept."""
-        return without_plugins(model, indices)
+        return without_plugins(unlearned, [len(unlearned.plugins) - 1])

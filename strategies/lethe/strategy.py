@@ -176,7 +176,7 @@ class Lethe(RectifyPhase, RestorePhase, FedAvg, UnlearningMethod):
                     "guard.walk-back %g (guard.retry-walk-back)", retry_rise)
         looser = _with_setting(ctx, "guard.walk-back", retry_rise)
         retry = self.attempt(looser, offset=self.round_offset + pass_rounds(cfg))
-        return _keep_better(first, retry, "retry", {"backbone_rise": retry_rise}, f"guard.walk-back {retry_rise:g}")
+        return _keep_better(first, retry, retry_rise)
 
     def attempt(self, ctx: UnlearnContext, offset: int) -> UnlearnResult:
         """Amplify, rectify and restore (:meth:`one_pass`); then, with ``guard.verify-passes``, while the
@@ -279,19 +279,21 @@ def _with_setting(ctx: UnlearnContext, key: str, value) -> UnlearnContext:
     return dataclasses.replace(ctx, cfg=ctx.cfg.with_values({key: value}))
 
 
-def _keep_better(first: UnlearnResult, second: UnlearnResult, key: str, record: dict, label: str) -> UnlearnResult:
-    """Of an attempt that left the request undone (``first``) and one more run from the original
-    (``second``): ``second`` where it carries the request out or its kept model predicts less of the
-    forget set as its label (:func:`known_share`), else ``first``. The kept one's ``details[key]`` is
-    ``record`` with ``kept`` (whether ``second`` was kept) and ``other`` (the other's verdict)."""
-    done, shares = carried_out(second.details) is True, (known_share(second.details), known_share(first.details))
+def _keep_better(first: UnlearnResult, retry: UnlearnResult, retry_rise: float) -> UnlearnResult:
+    """Of an attempt that left the request undone (``first``) and the retry from the original with
+    ``guard.walk-back`` at ``retry_rise``: ``retry`` where it carries the request out or its kept model
+    predicts less of the forget set as its label (:func:`known_share`), else ``first``. The kept one's
+    ``details["retry"]`` holds ``backbone_rise``, ``kept`` (whether the retry was kept) and ``other``
+    (the other's verdict)."""
+    done, shares = carried_out(retry.details) is True, (known_share(retry.details), known_share(first.details))
     kept = done or shares[0] < shares[1]
-    log.warning("[lethe] again with %s: the request %s (the kept model predicts %.3f of the forget set as its "
-                "label, the first attempt's %.3f); the %s attempt is kept", label,
+    log.warning("[lethe] again with guard.walk-back %g: the request %s (the kept model predicts %.3f of the forget "
+                "set as its label, the first attempt's %.3f); the %s attempt is kept", retry_rise,
                 "is carried out" if done else "is still not carried out", *shares, "second" if kept else "first")
-    chosen, other = (second, first) if kept else (first, second)
-    chosen.details[key] = {**record, "kept": kept, "other": {k: v for k, v in other.details.items()
-                                                              if k in ("kept_pass", "kept_still_knows", "utility")}}
+    chosen, other = (retry, first) if kept else (first, retry)
+    chosen.details["retry"] = {"backbone_rise": retry_rise, "kept": kept,
+                               "other": {k: v for k, v in other.details.items()
+                                         if k in ("kept_pass", "kept_still_knows", "utility")}}
     return chosen
 
 

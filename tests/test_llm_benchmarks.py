@@ -127,7 +127,7 @@ def test_wmdp_pools_accuracy_per_domain_and_utility():
     per_client = [{"forget-mc-n.bio": 4, "forget-mc-hits.bio": 1, "utility-mc-n": 2, "utility-mc-hits": 2},
                   {"forget-mc-n.cyber": 2, "forget-mc-hits.cyber": 2, "utility-mc-n": 2, "utility-mc-hits": 0},
                   {"retain-mc-n": 5, "retain-mc-hits": 5, "utility-mc-n": 1, "utility-mc-hits": 1}]
-    entry = task_for("llm-wmdp").pool(cfg, per_client)
+    entry = task_for("llm-wmdp").pool_metrics(cfg, per_client)
     assert entry["forget_mc_acc_bio"] == 0.25 and entry["forget_mc_acc_cyber"] == 1.0
     assert entry["forget_acc"] == pytest.approx(3 / 6) and entry["utility"] == pytest.approx(3 / 5)
     assert entry["retain_acc"] == 1.0 and math.isnan(entry["test_acc"])

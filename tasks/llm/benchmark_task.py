@@ -5,7 +5,8 @@ clients, each holding a disjoint shard of the forget data and nothing else, and 
 the one retain client. A forget client declares its forget domain in hello (``LLMClientData.domain``),
 so a method can pool the clients of one domain. The model, its LoRA adapter and local training are
 the TOFU task's (``tasks.llm.task.LLMTask``); a subclass says where the data comes from
-(``tables``), how it is dealt (``views``), and what a client scores and the server pools.
+(``tables``), how it is dealt (``views``), what a client scores (``client_sums``) and how the
+server pools it (``pool_metrics``).
 
 The request is fixed by the task: the forget clients' data is forgotten (``scenario=sample``, the
 only one offered; ``forget-client`` and ``llm.forget-fraction`` do not apply and are refused).
@@ -16,11 +17,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 
 from core.config import Config, ConfigError
 from tasks.llm.task import LLMTask
 
 NOT_APPLICABLE = ("forget-client", "llm.forget-fraction")
+#: results keys a benchmark task does not score (null in its entries)
+NOT_SCORED = {"test_acc": math.nan, "mia": math.nan, "mia_efficacy": math.nan}
+
+
+def total(per_client: list[dict], key: str) -> float:
+    """The sum of ``key`` over every client's sums (a client without it adds 0)."""
+    return sum(float(c.get(key, 0)) for c in per_client)
 
 
 class BenchmarkTask(LLMTask):
@@ -41,9 +50,25 @@ class BenchmarkTask(LLMTask):
         """One client's sums and counts of ``model`` (a Flower MetricRecord's content)."""
         raise NotImplementedError
 
-    def pool(self, cfg: Config, per_client: list[dict]) -> dict:
+    def pool_metrics(self, cfg: Config, per_client: list[dict]) -> dict:
         """The results entry from every client's sums."""
         raise NotImplementedError
+
+    # --- what every benchmark task scores ---------------------------------------------------
+    def utility_sums(self, cfg: Config, data, model, tokenizer) -> dict:
+        """One client's count and hits on its share of the utility questions (``data.public["utility"]``)."""
+        from tasks.llm.metrics import multiple_choice_hits
+
+        rows = data.public["utility"]
+        return {"utility-mc-n": len(rows),
+                "utility-mc-hits": multiple_choice_hits(model, tokenizer, rows, batch_size=cfg["llm.eval-batch-size"])}
+
+    @staticmethod
+    def pooled_utility(per_client: list[dict]) -> float:
+        """``utility``: the accuracy on all utility questions, from every client's ``utility_sums``."""
+        from tasks.llm.metrics import ratio
+
+        return ratio(total(per_client, "utility-mc-hits"), total(per_client, "utility-mc-n"))
 
     # --- the Task interface ------------------------------------------------------------------
     def check_config(self, cfg: Config) -> None:
@@ -79,9 +104,6 @@ class BenchmarkTask(LLMTask):
                              "the files of run-config 'llm.data-dir' (or synthetic data) among themselves")
         pid, count = node["partition-id"], node["num-partitions"]
         return None, lambda: self.views(cfg, self.tables(cfg), count)[pid]
-
-    def pool_metrics(self, cfg: Config, per_client: list[dict]) -> dict:
-        return self.pool(cfg, per_client)
 
     def evaluate(self, cfg: Config, data, model, conf: dict):
         _, tokenizer = self.llm(cfg)

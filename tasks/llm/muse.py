@@ -47,7 +47,7 @@ from tasks.llm.benchmark_files import (
     read_table,
 )
 from tasks.llm.benchmark_synthetic import first_sentence_split, muse_tables
-from tasks.llm.benchmark_task import BenchmarkTask
+from tasks.llm.benchmark_task import NOT_SCORED, BenchmarkTask, total
 from tasks.llm.federation_data import LLMClientData, shards
 from tasks.llm.task import LLMTask
 from tasks.llm.wmdp import MC_COLUMNS
@@ -141,7 +141,6 @@ class MUSETask(BenchmarkTask):
 
     def client_sums(self, cfg: Config, data, model, tokenizer) -> dict:
         from tasks.llm.federation_metrics import min_k_scores
-        from tasks.llm.metrics import multiple_choice_hits
 
         size, public = cfg["llm.eval-batch-size"], data.public
         out = {}
@@ -153,25 +152,22 @@ class MUSETask(BenchmarkTask):
         out["verbmem-n"] = len(public["verbmem"])
         out["verbmem-rouge"] = _rouge_sum(model, tokenizer, [r["prompt"] for r in public["verbmem"]],
                                           [r["gt"] for r in public["verbmem"]], _new_tokens(cfg, "verbmem"), size)
-        out["utility-mc-n"] = len(public["utility"])
-        out["utility-mc-hits"] = multiple_choice_hits(model, tokenizer, public["utility"], batch_size=size)
+        out.update(self.utility_sums(cfg, data, model, tokenizer))
         out["forget-mink"] = min_k_scores(model, tokenizer, data.forget, size)
         out["holdout-mink"] = min_k_scores(model, tokenizer, public["holdout"], size)
         return out
 
-    def pool(self, cfg: Config, per_client: list[dict]) -> dict:
+    def pool_metrics(self, cfg: Config, per_client: list[dict]) -> dict:
         from tasks.llm.metrics import mia_auc, ratio
 
-        def total(key: str) -> float:
-            return sum(float(c.get(key, 0)) for c in per_client)
-
-        entry = {f"{name.replace('-', '_')}_rouge": ratio(total(f"{name}-rouge"), total(f"{name}-n"))
+        entry = {f"{name.replace('-', '_')}_rouge": ratio(total(per_client, f"{name}-rouge"),
+                                                          total(per_client, f"{name}-n"))
                  for name in ("knowmem-forget", "knowmem-retain", "verbmem")}
         entry["mia_min_k"] = mia_auc([float(v) for c in per_client for v in c.get("forget-mink", [])],
                                      [float(v) for c in per_client for v in c.get("holdout-mink", [])])
-        entry.update({"utility": ratio(total("utility-mc-hits"), total("utility-mc-n")),
+        entry.update({"utility": self.pooled_utility(per_client),
                       "forget_acc": entry["knowmem_forget_rouge"], "retain_acc": entry["knowmem_retain_rouge"],
-                      "test_acc": math.nan, "mia": math.nan, "mia_efficacy": math.nan})
+                      **NOT_SCORED})
         return entry
 
     def finish_entries(self, entries: list[dict], retrain_entry: dict) -> None:

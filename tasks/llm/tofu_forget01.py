@@ -113,22 +113,13 @@ class TOFUForget01Task(BenchmarkTask):
 
     def client_sums(self, cfg: Config, data, model, tokenizer) -> dict:
         from tasks.llm.federation_metrics import client_llm_metrics
-        from tasks.llm.metrics import multiple_choice_hits
 
-        out = client_llm_metrics(model, tokenizer, data, cfg=cfg)
-        out["utility-mc-n"] = len(data.public["utility"])
-        out["utility-mc-hits"] = multiple_choice_hits(model, tokenizer, data.public["utility"],
-                                                      batch_size=cfg["llm.eval-batch-size"])
-        return out
+        return {**client_llm_metrics(model, tokenizer, data, cfg=cfg), **self.utility_sums(cfg, data, model, tokenizer)}
 
-    def pool(self, cfg: Config, per_client: list[dict]) -> dict:
+    def pool_metrics(self, cfg: Config, per_client: list[dict]) -> dict:
         from tasks.llm.federation_metrics import pool_llm_metrics
-        from tasks.llm.metrics import ratio
 
-        entry = pool_llm_metrics(per_client)
-        entry["utility"] = ratio(sum(float(c.get("utility-mc-hits", 0)) for c in per_client),
-                                 sum(float(c.get("utility-mc-n", 0)) for c in per_client))
-        return entry
+        return {**pool_llm_metrics(per_client), "utility": self.pooled_utility(per_client)}
 
 
 LLM_TOFU_FORGET01 = TOFUForget01Task()

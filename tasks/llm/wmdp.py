@@ -25,7 +25,6 @@ the paper's MMLU utility. ``test_acc``, ``mia`` and ``mia_efficacy`` do not appl
 
 from __future__ import annotations
 
-import math
 import random
 from typing import ClassVar
 
@@ -39,7 +38,7 @@ from tasks.llm.benchmark_files import (
     read_table,
 )
 from tasks.llm.benchmark_synthetic import wmdp_tables
-from tasks.llm.benchmark_task import BenchmarkTask
+from tasks.llm.benchmark_task import NOT_SCORED, BenchmarkTask, total
 from tasks.llm.federation_data import LLMClientData, shards
 from tasks.llm.task import LLMTask
 
@@ -122,8 +121,7 @@ class WMDPTask(BenchmarkTask):
         from tasks.llm.metrics import multiple_choice_hits
 
         size = cfg["llm.eval-batch-size"]
-        out = {"utility-mc-n": len(data.public["utility"]),
-               "utility-mc-hits": multiple_choice_hits(model, tokenizer, data.public["utility"], batch_size=size),
+        out = {**self.utility_sums(cfg, data, model, tokenizer),
                "retain-mc-n": len(data.retain),
                "retain-mc-hits": multiple_choice_hits(model, tokenizer, as_scored_questions(data.retain),
                                                       batch_size=size)}
@@ -134,21 +132,16 @@ class WMDPTask(BenchmarkTask):
                                                                         batch_size=size)
         return out
 
-    def pool(self, cfg: Config, per_client: list[dict]) -> dict:
+    def pool_metrics(self, cfg: Config, per_client: list[dict]) -> dict:
         from tasks.llm.metrics import ratio
 
-        def total(key: str) -> float:
-            return sum(float(c.get(key, 0)) for c in per_client)
-
-        entry = {f"forget_mc_acc_{d}": ratio(total(f"forget-mc-hits.{d}"), total(f"forget-mc-n.{d}"))
-                 for d in domains_of(cfg)}
-        forget = ratio(sum(total(f"forget-mc-hits.{d}") for d in domains_of(cfg)),
-                       sum(total(f"forget-mc-n.{d}") for d in domains_of(cfg)))
-        retain = ratio(total("retain-mc-hits"), total("retain-mc-n"))
-        entry.update({"forget_mc_acc": forget, "retain_mc_acc": retain,
-                      "utility": ratio(total("utility-mc-hits"), total("utility-mc-n")),
-                      "forget_acc": forget, "retain_acc": retain,
-                      "test_acc": math.nan, "mia": math.nan, "mia_efficacy": math.nan})
+        hits = {d: total(per_client, f"forget-mc-hits.{d}") for d in domains_of(cfg)}
+        counts = {d: total(per_client, f"forget-mc-n.{d}") for d in domains_of(cfg)}
+        entry = {f"forget_mc_acc_{d}": ratio(hits[d], counts[d]) for d in domains_of(cfg)}
+        forget = ratio(sum(hits.values()), sum(counts.values()))
+        retain = ratio(total(per_client, "retain-mc-hits"), total(per_client, "retain-mc-n"))
+        entry.update({"forget_mc_acc": forget, "retain_mc_acc": retain, "utility": self.pooled_utility(per_client),
+                      "forget_acc": forget, "retain_acc": retain, **NOT_SCORED})
         return entry
 
 

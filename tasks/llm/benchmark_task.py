@@ -18,11 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from typing import ClassVar
 
 from core.config import Config, ConfigError
 from tasks.llm.task import LLMTask
 
-NOT_APPLICABLE = ("forget-client", "llm.forget-fraction")
+FIXED_REQUEST = ("does not apply to task '{task}': its forget clients are the first n - 1 clients and forget all "
+                 "their data; leave it unset")
 #: results keys a benchmark task does not score (null in its entries)
 NOT_SCORED = {"test_acc": math.nan, "mia": math.nan, "mia_efficacy": math.nan}
 
@@ -36,6 +38,8 @@ class BenchmarkTask(LLMTask):
     """Base of the benchmark tasks (module docstring); subclasses fill the four hooks below."""
 
     scenarios = ("sample",)
+    refused_keys: ClassVar[dict[str, str]] = {**LLMTask.refused_keys, "forget-client": FIXED_REQUEST,
+                                              "llm.forget-fraction": FIXED_REQUEST}
 
     # --- hooks -----------------------------------------------------------------------------
     def tables(self, cfg: Config) -> dict[str, list[dict]]:
@@ -71,13 +75,6 @@ class BenchmarkTask(LLMTask):
         return ratio(total(per_client, "utility-mc-hits"), total(per_client, "utility-mc-n"))
 
     # --- the Task interface ------------------------------------------------------------------
-    def check_config(self, cfg: Config) -> None:
-        super().check_config(cfg)
-        for key in NOT_APPLICABLE:
-            if cfg[key] != cfg.defaults[key]:
-                raise ConfigError(f"run-config '{key}'={cfg[key]!r} does not apply to task '{self.name}': its forget "
-                                  "clients are the first n - 1 clients and forget all their data; leave it unset")
-
     def check_setup(self, cfg: Config, num_clients: int) -> None:
         from tasks.llm.federation_model import task_llm
 

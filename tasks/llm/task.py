@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import ClassVar
 
 from core.config import Config, ConfigError
 from tasks.base import State, Task, reports_loss_before
@@ -19,11 +20,10 @@ from tasks.base import State, Task, reports_loss_before
 MODEL_KEYS = ("llm.model", "llm.data-dir", "llm.num-authors", "llm.qa-per-author", "llm.forget-fraction",
               "llm.lora-rank", "llm.lora-alpha", "llm.target-modules", "llm.load-in-4bit",
               "llm.local-epochs", "llm.lr", "llm.batch-size")
-# Settings this task does not follow: its adapter training (AdamW on llm.lr, no clip) and its start (a
-# pretrained model with a fixed adapter initialisation, not a seeded fresh model).
-VISION_AND_TEXT_ONLY = ("lr-schedule", "max-grad-norm", "init-seed")
-# Settings that only some LLM tasks read (``LLMTask.task_keys``); another LLM task refuses them.
-TASK_SPECIFIC_KEYS = ("llm.forget-domains", "llm.retain-size", "llm.synthetic-size")
+# Why a refused key is refused (``LLMTask.refused_keys``): settings an LLM task does not follow ...
+NOT_FOLLOWED = "applies to vision and text tasks; task '{task}' takes {default!r}"
+# ... and settings that only some LLM tasks read (``LLMTask.task_keys``), refused by the others.
+NOT_READ = "is not read by task '{task}': leave it unset"
 
 
 class LLMTask(Task):
@@ -35,7 +35,16 @@ class LLMTask(Task):
     scenarios = ("sample", "client")
     data_key = "llm.data-dir"
     original_model_on_nodes = True  # a merged model folder is the base each node trains its adapter on
-    #: which of ``TASK_SPECIFIC_KEYS`` this task reads (they also key its cached models)
+    #: run-config keys refused when set away from their default -> why (``{task}``: the task's name,
+    #: ``{default}``: the key's default); a subclass extends it. Not followed: the adapter training (AdamW
+    #: on llm.lr, no clip) and the start (a pretrained model with a fixed adapter initialisation, not a
+    #: seeded fresh model).
+    refused_keys: ClassVar[dict[str, str]] = {
+        "poison": "is not meaningful for task '{task}' (its client scenario poisons nothing): leave 'poison' unset",
+        "lr-schedule": NOT_FOLLOWED, "max-grad-norm": NOT_FOLLOWED, "init-seed": NOT_FOLLOWED,
+        "llm.forget-domains": NOT_READ, "llm.retain-size": NOT_READ, "llm.synthetic-size": NOT_READ,
+    }
+    #: which of the ``NOT_READ`` keys of ``refused_keys`` this task reads (they also key its cached models)
     task_keys: tuple[str, ...] = ()
     smoke = {"llm.num-authors": 8, "llm.qa-per-author": 4, "llm.local-epochs": 1, "llm.unlearn-epochs": 1,
              "llm.max-new-tokens": 4}
@@ -43,17 +52,10 @@ class LLMTask(Task):
     # --- setup and server side ------------------------------------------------------------
     def check_config(self, cfg: Config) -> None:
         super().check_config(cfg)
-        if cfg["poison"] != cfg.defaults["poison"]:
-            raise ConfigError(f"run-config 'poison'={cfg['poison']!r} is not meaningful for task '{self.name}' "
-                              "(its client scenario poisons nothing): leave 'poison' unset")
-        for key in VISION_AND_TEXT_ONLY:
+        for key, reason in self.refused_keys.items():
             default = cfg.defaults[key]
-            if cfg[key] != default:
-                raise ConfigError(f"run-config '{key}'={cfg[key]!r} applies to vision and text tasks; "
-                                  f"task '{self.name}' takes {default!r}")
-        for key in TASK_SPECIFIC_KEYS:
-            if key not in self.task_keys and cfg[key] != cfg.defaults[key]:
-                raise ConfigError(f"run-config '{key}'={cfg[key]!r} is not read by task '{self.name}': leave it unset")
+            if key not in self.task_keys and cfg[key] != default:
+                raise ConfigError(f"run-config '{key}'={cfg[key]!r} " + reason.format(task=self.name, default=default))
 
     def check_setup(self, cfg: Config, num_clients: int) -> None:
         from tasks.llm.federation_setup import check_llm_setup

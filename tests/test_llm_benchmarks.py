@@ -12,12 +12,12 @@ import pytest
 from core.config import ConfigError
 from strategies.firm.strategy import _upload
 from strategies.run_config import parse_config
-from tasks.llm.benchmark_files import HUB_SHARD
-from tasks.llm.benchmark_synthetic import muse_tables, wmdp_tables, write_tables
+from tasks.llm.benchmark_synthetic import muse_tables, wmdp_tables
 from tasks.llm.muse import FILES, passages
 from tasks.llm.tokenizer import synthetic_tokenizer
 from tasks.llm.wmdp import table_file
 from tasks.registry import task_for
+from tests.benchmark_tables import HUB_SHARD, write_tables
 
 
 def config(task: str, **values):

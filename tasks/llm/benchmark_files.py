@@ -19,7 +19,6 @@ from tasks.llm.data import _answer_index, _read_table, _require_columns
 
 MMLU_TABLE = "mmlu/all/test"
 MMLU_FETCH = "hf download cais/mmlu --repo-type dataset --include 'all/test-*' --local-dir {dir}/mmlu"
-HUB_SHARD = "-00000-of-00001.parquet"
 
 
 def table_files(data_dir: str | Path, name: str) -> list[Path]:

@@ -2,9 +2,8 @@
 
 The LLM benchmark tasks (``llm-wmdp``, ``llm-muse``) read named tables (``tasks.llm.benchmark_files``);
 without ``llm.data-dir`` they read these generated tables instead, row for row in the public files'
-columns, so both paths go through the same code. ``write_tables`` saves them as the files a
-``llm.data-dir`` holds: a hub Parquet shard ``<config>/<split>-00000-of-00001.parquet``, or a
-``.json`` file in JSON lines (TOFU's files), which is how the tests check the loaders.
+columns, so both paths go through the same code (the tests save them as the files a
+``llm.data-dir`` holds and read them back through the loaders: ``tests/benchmark_tables.py``).
 
 Every word comes from ``tasks.llm.synthetic``'s vocabulary, so the offline tiny model's word-level
 tokenizer never meets an unknown word. The tiny model knows nothing beyond what it is trained on:
@@ -24,14 +23,8 @@ a synthetic domain is a set of invented facts asked as four-option questions.
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
-
-import datasets
 
 from tasks.llm import synthetic
 
@@ -126,21 +119,3 @@ def muse_tables(num_authors: int, qa_per_author: int, utility_size: int, seed: i
         "verbmem/forget": [dict(zip(("prompt", "gt"), first_sentence_split(p["text"]))) for p in forget],
         "mmlu": multiple_choice_rows(utility_size, None, seed),
     }
-
-
-def write_tables(folder: str | Path, files: dict[str, list[dict]]) -> None:
-    """Save each table of ``files`` (a path relative to ``folder`` -> its rows) in the format its
-    suffix names: ``.parquet`` (one Parquet file, as the hub's shards) or ``.json`` (JSON lines);
-    each is written to a temporary file and renamed into place."""
-    for name, rows in files.items():
-        path = Path(folder) / name
-        if path.suffix not in (".parquet", ".json"):
-            raise ValueError(f"{path}: write_tables writes .parquet or .json files")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=path.suffix)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            if path.suffix == ".json":
-                handle.writelines(json.dumps(row) + "\n" for row in rows)
-        if path.suffix == ".parquet":
-            datasets.Dataset.from_list(list(rows)).to_parquet(tmp)
-        os.replace(tmp, path)

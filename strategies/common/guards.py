@@ -44,9 +44,9 @@ GUARD_SETTINGS: tuple[Setting, ...] = (
             one_of(("fixed", "upper", "clamp"))),
     setting("guard.stop-loss", float, INF,
             "rectification stops once the forget clients' mean forget loss of the backbone (adapter bypassed) "
-            "reaches this many nats and the backbone predicts at most 5 % of the forget set as its label; a step "
-            "past 3x it (or non-finite) is halved up to three times, else rolled back; inf = always "
-            "lethe.rectify-rounds (the paper)", positive(), allow_inf=True),
+            f"reaches this many nats and the backbone predicts at most {STOP_FORGET_ACC * 100:g} % of the forget set "
+            "as its label; a step past 3x it (or non-finite) is halved up to three times, else rolled back; inf = "
+            "always lethe.rectify-rounds (the paper)", positive(), allow_inf=True),
     setting("guard.step-clip", float, 0.0,
             "each rectified update is scaled to at most this x the retain stream's norm (a verify pass first lifts a "
             f"retain stream shorter than {VERIFY_LIFT:g} x the forget stream to that length); 0 = off", at_least(0)),
@@ -60,8 +60,8 @@ GUARD_SETTINGS: tuple[Setting, ...] = (
             "component along the forget stream, keeping the model its retained clients rate best (after at "
             "least two steps); false = the paper's FedAvg restore on the retained clients"),
     setting("guard.restore-extra-rounds", int, 0,
-            "with guard.rectified-restore: while no model restore may keep is within 0.02 nats of the retained "
-            "loss on the start, up to this many more restore rounds, each applying half its update", at_least(0)),
+            f"with guard.rectified-restore: while no model restore may keep is within {RESTORE_TARGET_RISE:g} nats of "
+            "the retained loss on the start, up to this many more restore rounds, each applying half its update", at_least(0)),
     setting("guard.walk-back", float, INF,
             "with guard.rectified-restore: while the adapter-free backbone's retained loss is more than this many "
             "nats above the start, one rectification step is undone, then the largest passing fraction of it is "
@@ -71,7 +71,7 @@ GUARD_SETTINGS: tuple[Setting, ...] = (
             "guard.walk-back at this value, kept where it carries the request out or knows less of the forget "
             "set; at most guard.walk-back = no retry", at_least(0)),
     setting("guard.verify-passes", int, 0,
-            "after restore the forget clients check the model; while it predicts more than 2 % of the forget set as "
-            "its label, at most this many more passes of amplify, rectify and restore from it (a pass that breaks "
-            "guard.retain-rise is not kept); 0 = off", at_least(0)),
+            "after restore the forget clients check the model; while it predicts more than "
+            f"{VERIFY_FORGET_ACC * 100:g} % of the forget set as its label, at most this many more passes of amplify, "
+            "rectify and restore from it (a pass that breaks guard.retain-rise is not kept); 0 = off", at_least(0)),
 )

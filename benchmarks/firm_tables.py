@@ -49,7 +49,7 @@ from server_app.evaluation import evaluate_models  # noqa: E402
 from server_app.experiment import Experiment  # noqa: E402
 from server_app.inprocess import InProcessGrid  # noqa: E402
 from server_app.report import package_versions, write_results  # noqa: E402
-from strategies.common.base import ModelState, UnlearnContext  # noqa: E402
+from strategies.common.base import ModelState  # noqa: E402
 from strategies.common.federation import Federation  # noqa: E402
 from strategies.firm.aggregate import FIRM  # noqa: E402
 from strategies.merges.merge import merge_baseline  # noqa: E402
@@ -199,9 +199,7 @@ def run_benchmark(bench: Benchmark, run_config: dict, clients: int, gammas: list
     exp.setup()
     original = exp.original()
     retrain = exp.retrain()
-    ctx = UnlearnContext(exp.fed, exp.cfg, original, original_id=exp.model_ids["original"],
-                         pretraining=exp.pretraining, retrain=exp.retrain,
-                         model_factory=lambda plugins: exp.cfg.task.server_model(exp.cfg, plugins))
+    ctx = exp.unlearn_context(original, exp.model_ids["original"])
     exp.say("unlearn: one query.fisher round, then every merge on the server")
     exp.fed.start_phase("unlearn")
     uploads, asked = method_for("firm").collect(ctx)

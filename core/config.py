@@ -113,7 +113,11 @@ class Config:
         self.defaults = dict(defaults or {})
 
     def with_values(self, changes: dict[str, Any]) -> "Config":
-        """This config with ``changes`` applied (a method's second attempt under other settings)."""
+        """This config with ``changes`` applied (a method's second attempt under other settings). The
+        task object and the presets belong to this config's task, so ``changes`` may not change it."""
+        if "task" in changes and changes["task"] != self._values.get("task"):
+            raise ValueError(f"with_values cannot change 'task' ({self._values.get('task')!r} -> "
+                             f"{changes['task']!r}): its task object and presets would be stale; parse a new config")
         return Config({**self._values, **changes}, self.presets, self.recipe_settings, task=self._task,
                       defaults=self.defaults)
 

@@ -309,6 +309,13 @@ class Experiment:
         return (last[0] if last else None), [entry["forget_acc"] for entry in measure.entries], states, diverged_at
 
     # --- the whole run --------------------------------------------------------------------
+    def unlearn_context(self, start: ModelState, start_id: str) -> UnlearnContext:
+        """What a method unlearns from: ``start`` (cached as ``start_id``), this run's federation,
+        config and pretraining; server models are built from the config current when called."""
+        return UnlearnContext(self.fed, self.cfg, start, original_id=start_id, pretraining=self.pretraining,
+                              model_factory=lambda plugins: self.cfg.task.server_model(self.cfg, plugins),
+                              retrain=self.retrain)
+
     def run(self) -> str:
         if is_stream(self.cfg):
             from server_app.stream import run_stream
@@ -317,10 +324,7 @@ class Experiment:
         self.setup()
         original = self.original()
         require_finite(original.arrays, phase="pretrain", round_no=self.cfg["pretrain-rounds"], method="original")
-        ctx = UnlearnContext(self.fed, self.cfg, original, original_id=self.model_ids["original"],
-                             pretraining=self.pretraining,
-                             model_factory=lambda plugins: self.cfg.task.server_model(self.cfg, plugins),
-                             retrain=self.retrain)
+        ctx = self.unlearn_context(original, self.model_ids["original"])
 
         self.say(f"unlearn: method '{self.method.name}'")
         cost = self.fed.start_phase("unlearn")

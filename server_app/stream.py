@@ -38,7 +38,7 @@ from server_app.report import (
     saw_fewer_clients,
     write_results,
 )
-from strategies.common.base import ModelState, UnlearnContext
+from strategies.common.base import ModelState
 from strategies.common.fedavg_rounds import require_finite
 from strategies.common.federation import PhaseCost
 from strategies.registry import method_spec
@@ -109,9 +109,7 @@ class Stream:
         asked = request_record(fed, exp.cfg)  # this request's view: each client's removed samples and their hash
         exp._retrain = None
         outer, fed.costs = fed.costs, {}
-        ctx = UnlearnContext(fed, exp.cfg, start, original_id=start_id, pretraining=exp.pretraining,
-                             model_factory=lambda plugins: exp.cfg.task.server_model(exp.cfg, plugins),
-                             retrain=exp.retrain)
+        ctx = exp.unlearn_context(start, start_id)
         exp.say(f"unlearn {self.name(index)}: method '{exp.method.name}'")
         cost = fed.start_phase("unlearn")
         started = time.perf_counter()

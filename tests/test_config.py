@@ -180,6 +180,14 @@ def test_coercion_and_inf():
     assert cfg.pretrain_rounds == cfg["pretrain-rounds"]
 
 
+def test_with_values_keeps_the_task_and_refuses_to_change_it():
+    cfg = parse_config({})
+    changed = cfg.with_values({"lr": 0.5, "task": cfg["task"]})
+    assert changed["lr"] == 0.5 and changed.task is cfg.task
+    with pytest.raises(ValueError, match="'task'"):
+        cfg.with_values({"task": cfg["task"] + "-other"})
+
+
 @pytest.mark.parametrize("overrides, fragment", [("lr=-1", "'lr'=-1.0 is not allowed: must be > 0"),
                                                  ("lr=", "is not 'key=value ...' in TOML syntax")])
 def test_the_inprocess_runner_names_a_bad_setting_in_one_line(overrides, fragment):

@@ -107,15 +107,16 @@ def run_inprocess(run_config: dict, num_clients: int, **grid_options) -> str:
 
 def parse_overrides(text: str) -> dict:
     """``"k1=v1 k2='s' table.k3=1"`` -> dict, with TOML value syntax like ``flwr run --run-config``; a
-    dotted key stays one dotted key (``table.key``), as Flower flattens it."""
-    import shlex
+    dotted key stays one dotted key (``table.key``), as Flower flattens it. Items are separated by
+    whitespace outside quotes, so a quoted value may hold spaces (``outputs-dir='/my runs'``)."""
+    import re
 
     import tomllib
 
     from core.config import flatten
 
-    return {k: v for item in shlex.split(text, posix=False) for k, v in flatten(tomllib.loads(item)).items()} \
-        if text else {}
+    items = re.findall(r"""(?:[^\s'"]+|'[^']*'|"[^"]*")+""", text)
+    return {k: v for item in items for k, v in flatten(tomllib.loads(item)).items()}
 
 
 def _not_flowers(record) -> bool:

@@ -188,6 +188,14 @@ def test_with_values_keeps_the_task_and_refuses_to_change_it():
         cfg.with_values({"task": cfg["task"] + "-other"})
 
 
+def test_run_config_text_keeps_spaces_inside_quotes():
+    from server_app.inprocess import parse_overrides
+
+    parsed = parse_overrides("outputs-dir='/tmp/my runs/out' requests='class:3; class:5' lethe.gamma=0.5 x=\"a b\"")
+    assert parsed == {"outputs-dir": "/tmp/my runs/out", "requests": "class:3; class:5", "lethe.gamma": 0.5,
+                      "x": "a b"}
+
+
 @pytest.mark.parametrize("overrides, fragment", [("lr=-1", "'lr'=-1.0 is not allowed: must be > 0"),
                                                  ("lr=", "is not 'key=value ...' in TOML syntax")])
 def test_the_inprocess_runner_names_a_bad_setting_in_one_line(overrides, fragment):
